@@ -1,0 +1,1 @@
+"""gpulaunch: distributed PyTorch ranks supervised by systemd."""
