@@ -1,0 +1,79 @@
+"""Errors that reach the user as one line plus a hint.
+
+Each class carries the process exit code that `gpulaunch` documents for it
+(README, "Exit codes"). The codes follow sysexits.h where one fits, so they
+stay apart from the small codes training scripts usually exit with.
+"""
+
+from __future__ import annotations
+
+
+class GpulaunchError(Exception):
+    """An expected problem: a one-line message saying what is wrong, and a hint."""
+
+    exit_code: int = 70  # EX_SOFTWARE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(GpulaunchError):
+    """The command line or its input is wrong (also: the script does not exist)."""
+
+    exit_code = 2
+
+
+class NoSystemdError(GpulaunchError):
+    """No systemd manager can be reached on the bus we need."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class AccessDeniedError(GpulaunchError):
+    """systemd or the bus refused us."""
+
+    exit_code = 77  # EX_NOPERM
+
+
+class JobExistsError(GpulaunchError):
+    """A job with this id is already running."""
+
+    exit_code = 73  # EX_CANTCREAT
+
+
+class UnknownJobError(GpulaunchError):
+    """No job with this id exists (running or recorded)."""
+
+    exit_code = 3
+
+
+class TemplateError(GpulaunchError):
+    """A unit template or one of its settings is wrong."""
+
+    exit_code = 78  # EX_CONFIG
+
+
+class UnitFileError(TemplateError):
+    """A setting in rendered unit-file text is wrong; knows where (source file and line)."""
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        source: str,
+        line: int,
+        setting: str | None = None,
+    ) -> None:
+        super().__init__(message, hint)
+        self.source = source
+        self.line = line
+        self.setting = setting
+
+
+class SystemdError(GpulaunchError):
+    """systemd refused or failed an operation for a reason not covered above."""
+
+    exit_code = 71  # EX_OSERR

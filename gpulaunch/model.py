@@ -1,0 +1,207 @@
+"""The plan of a job, the state of its ranks, and the exit-status rules.
+
+Everything here is data and pure functions: no processes, no systemd.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpulaunch.names import UnitNames
+
+
+class Manager(enum.StrEnum):
+    """Which systemd manager owns the job's units."""
+
+    SYSTEM = "system"
+    USER = "user"
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank as planned: what runs, with which environment, in which unit."""
+
+    rank: int
+    local_rank: int
+    unit: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything `gpulaunch start` decided before starting anything."""
+
+    job: str
+    names: UnitNames
+    manager: Manager
+    argv: tuple[str, ...]
+    cwd: str
+    nproc: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    grace_sec: float
+    ranks: tuple[RankSpec, ...]
+    memory_max: str | None = None
+
+
+class RankState(enum.StrEnum):
+    """Where a rank is in its life; only `Rank.advance` changes it.
+
+    ::
+
+        pending --fork--> held --scope started, gate opened--> running
+           |                |                                   |
+           |                +----------- exit ------------------+--> exited
+           |                                                    |
+           +--(never forked)        watcher stopped it ---------+--> stopped
+
+    `exited` means the rank ended on its own; `stopped` means the watcher had
+    already asked systemd to stop it when it ended.
+    """
+
+    PENDING = "pending"
+    HELD = "held"
+    RUNNING = "running"
+    EXITED = "exited"
+    STOPPED = "stopped"
+
+    @property
+    def alive(self) -> bool:
+        return self in (RankState.HELD, RankState.RUNNING)
+
+
+_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
+    RankState.PENDING: frozenset({RankState.HELD}),
+    RankState.HELD: frozenset({RankState.RUNNING, RankState.EXITED, RankState.STOPPED}),
+    RankState.RUNNING: frozenset({RankState.EXITED, RankState.STOPPED}),
+    RankState.EXITED: frozenset(),
+    RankState.STOPPED: frozenset(),
+}
+
+
+def check_transition(old: RankState, new: RankState) -> None:
+    """Raise if a rank may not go from `old` to `new` (an internal bug, not user input)."""
+    if new not in _TRANSITIONS[old]:
+        raise RuntimeError(f"illegal rank state transition {old} -> {new}")
+
+
+def signal_name(signum: int) -> str:
+    """`SIGKILL` for 9; `signal 42` where Python knows no name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank ended.
+
+    Exactly one of `code` and `signal` is set. `observed_at` is the watcher's
+    `time.monotonic()` when it reaped the rank; it orders failures.
+    """
+
+    code: int | None
+    signal: int | None
+    stopped_by_watcher: bool
+    observed_at: float
+    runtime: float
+    core_dumped: bool = False
+
+    @property
+    def status(self) -> int:
+        """The shell's view of this exit: the code, or 128+N for signal N."""
+        if self.signal is not None:
+            return 128 + self.signal
+        assert self.code is not None
+        return self.code
+
+    @property
+    def failed(self) -> bool:
+        return self.status != 0
+
+    def describe(self) -> str:
+        """`exit 7`, `SIGKILL`, `SIGSEGV (core dumped)`."""
+        if self.signal is not None:
+            return signal_name(self.signal) + (" (core dumped)" if self.core_dumped else "")
+        return f"exit {self.code}"
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """A rank's line in the report."""
+
+    rank: int
+    unit: str
+    pid: int | None
+    exit: RankExit | None
+
+
+class Cause(enum.StrEnum):
+    """Why a job ended."""
+
+    SUCCEEDED = "succeeded"
+    RANK_FAILED = "rank-failed"
+    INTERRUPTED = "interrupted"
+    START_FAILED = "start-failed"
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """The outcome of a job: what the watcher prints, publishes and records."""
+
+    job: str
+    status: int
+    cause: Cause
+    cause_rank: int | None
+    interrupt_signal: int | None
+    ranks: tuple[RankResult, ...] = field(default_factory=tuple)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of `job_outcome`: status, why, and which rank caused it."""
+
+    status: int
+    cause: Cause
+    cause_rank: int | None
+
+
+def first_failure(exits: Mapping[int, RankExit]) -> int | None:
+    """The rank whose failure the watcher observed first and did not cause itself."""
+    failures = [
+        (e.observed_at, rank) for rank, e in exits.items() if e.failed and not e.stopped_by_watcher
+    ]
+    return min(failures)[1] if failures else None
+
+
+def job_outcome(
+    exits: Mapping[int, RankExit],
+    interrupt: tuple[float, int] | None = None,
+) -> Outcome:
+    """Apply DESIGN.md's exit-status rules.
+
+    `interrupt` is (monotonic time, signal number) of the first SIGINT/SIGTERM/
+    SIGHUP the watcher received, if any. The earliest of the first rank failure
+    and the interrupt is the cause; ranks the watcher stopped never are.
+    """
+    rank = first_failure(exits)
+    if interrupt is not None and (rank is None or interrupt[0] < exits[rank].observed_at):
+        return Outcome(128 + interrupt[1], Cause.INTERRUPTED, None)
+    if rank is not None:
+        return Outcome(exits[rank].status, Cause.RANK_FAILED, rank)
+    return Outcome(0, Cause.SUCCEEDED, None)
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"

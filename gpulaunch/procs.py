@@ -1,0 +1,125 @@
+"""Forking a rank held at a start gate, releasing it, and reaping it by pidfd.
+
+The gate exists because a rank must not run a single line of user code before
+systemd moved it into its scope (`StartTransientUnit` replies before the move,
+systemd-facts.md): the child blocks on a pipe until the watcher has seen the
+scope's start job finish.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# Exit codes of a child that never reached the script.
+GATE_CLOSED = 126  # the watcher went away or gave up before opening the gate
+EXEC_FAILED = 127  # like a shell: the program could not be executed
+
+
+@dataclass
+class HeldChild:
+    """A forked child waiting at its gate; `pidfd` becomes readable when it exits."""
+
+    pid: int
+    pidfd: int
+    gate: int | None  # write end of the gate pipe; None once opened or abandoned
+
+    def release(self) -> None:
+        """Let the child exec its program."""
+        if self.gate is not None:
+            os.write(self.gate, b"x")
+            os.close(self.gate)
+            self.gate = None
+
+    def abandon(self) -> None:
+        """Close the gate without opening it: the child exits with GATE_CLOSED."""
+        if self.gate is not None:
+            os.close(self.gate)
+            self.gate = None
+
+    def close(self) -> None:
+        self.abandon()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+@dataclass(frozen=True)
+class WaitStatus:
+    """What waitid(2) said about an exited child."""
+
+    code: int | None
+    signal: int | None
+    core_dumped: bool
+
+
+def spawn_held(argv: Sequence[str], env: Mapping[str, str]) -> HeldChild:
+    """Fork a child that execs `argv` once released; it is its own process group.
+
+    Its own process group keeps a terminal's Ctrl-C away from the ranks: the
+    watcher receives it and stops them through systemd, with the grace period.
+    """
+    read_end, write_end = os.pipe()
+    env_bytes = {
+        k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
+        for k, v in env.items()
+    }
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; it never returns
+        _child(read_end, list(argv), env_bytes)
+    os.close(read_end)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        os.close(write_end)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return HeldChild(pid=pid, pidfd=pidfd, gate=write_end)
+
+
+def _child(gate: int, argv: list[str], env: dict[bytes, bytes]) -> None:  # pragma: no cover
+    try:
+        # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal survives
+        # exec; the watcher's handlers must not run here either.
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        os.setpgid(0, 0)
+        # Hold nothing of the watcher's: if it dies while we wait, no sibling
+        # keeps our gate's write end open, so we see EOF and leave.
+        os.closerange(3, gate)
+        os.closerange(gate + 1, os.sysconf("SC_OPEN_MAX"))
+        if os.read(gate, 1) != b"x":
+            os._exit(GATE_CLOSED)
+        os.close(gate)
+        try:
+            os.execvpe(argv[0], argv, env)  # type: ignore[arg-type]
+        except OSError as exc:
+            os.write(2, f"gpulaunch: cannot execute {argv[0]}: {exc.strerror}\n".encode())
+            os._exit(EXEC_FAILED)
+    except BaseException:
+        os._exit(EXEC_FAILED)
+    finally:
+        os._exit(EXEC_FAILED)
+
+
+def reap(pidfd: int) -> WaitStatus:
+    """Collect the exit status of an exited child through its pidfd."""
+    result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+    assert result is not None
+    if result.si_code == os.CLD_EXITED:
+        return WaitStatus(code=result.si_status, signal=None, core_dumped=False)
+    return WaitStatus(
+        code=None, signal=result.si_status, core_dumped=result.si_code == os.CLD_DUMPED
+    )
+
+
+def kill_held(child: HeldChild) -> None:
+    """SIGKILL a child that may still be at its gate (it never ran user code)."""
+    try:
+        signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,59 @@
+"""How a `JobReport` reads in the terminal."""
+
+from __future__ import annotations
+
+from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
+
+
+def headline(report: JobReport) -> str:
+    """One line: what happened to the job and its status."""
+    if report.cause is Cause.SUCCEEDED:
+        return f"gpulaunch: job {report.job} succeeded (all {len(report.ranks)} ranks exited 0)"
+    if report.cause is Cause.INTERRUPTED:
+        assert report.interrupt_signal is not None
+        return (
+            f"gpulaunch: job {report.job} stopped by {signal_name(report.interrupt_signal)} "
+            f"(status {report.status})"
+        )
+    if report.cause is Cause.START_FAILED:
+        return f"gpulaunch: job {report.job} failed to start (status {report.status})"
+    cause = next(r for r in report.ranks if r.rank == report.cause_rank)
+    assert cause.exit is not None
+    return (
+        f"gpulaunch: job {report.job} failed: rank {cause.rank} {cause.exit.describe()} "
+        f"(status {report.status})"
+    )
+
+
+def _how(result: RankResult, report: JobReport) -> str:
+    if result.exit is None:
+        return "never started"
+    if result.rank == report.cause_rank:
+        return "cause"
+    if result.exit.stopped_by_watcher:
+        return "stopped"
+    return "exited"
+
+
+def format_report(report: JobReport) -> str:
+    """The per-rank table, the cause rank first."""
+    rows = [("rank", "unit", "pid", "exit", "how", "runtime")]
+    ordered = sorted(report.ranks, key=lambda r: (r.rank != report.cause_rank, r.rank))
+    for r in ordered:
+        rows.append(
+            (
+                str(r.rank),
+                r.unit,
+                str(r.pid) if r.pid is not None else "-",
+                r.exit.describe() if r.exit else "-",
+                _how(r, report),
+                format_duration(r.exit.runtime) if r.exit else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [headline(report)]
+    lines += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines)

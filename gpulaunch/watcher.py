@@ -1,0 +1,318 @@
+"""The watcher: one single-threaded event loop that runs a job.
+
+It forks every rank held at a gate, has systemd put each in its scope, opens
+the gates, then sleeps in `select` until something happens: a rank's pidfd
+becomes readable, systemd reports a finished job on the bus, or a signal
+arrives through the wakeup fd. There is no timer and no poll interval: the
+grace period belongs to systemd (`TimeoutStopSec=` of the rank scopes,
+systemd.kill(5)).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from gpulaunch.errors import GpulaunchError, JobExistsError, SystemdError
+from gpulaunch.model import (
+    Cause,
+    JobReport,
+    JobSpec,
+    RankExit,
+    RankResult,
+    RankSpec,
+    RankState,
+    check_transition,
+    job_outcome,
+)
+from gpulaunch.plan import JobUnits
+from gpulaunch.procs import HeldChild, kill_held, reap, spawn_held
+from gpulaunch.systemd import SystemdAPI
+from gpulaunch.units import UnitDefinition
+
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+class Phase(enum.StrEnum):
+    """The job's life: starting -> running -> stopping -> done."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+@dataclass
+class Rank:
+    """The live record of one rank; only the watcher's loop changes it."""
+
+    spec: RankSpec
+    state: RankState = RankState.PENDING
+    child: HeldChild | None = None
+    born_at: float = 0.0
+    stop_requested: bool = False
+    exit: RankExit | None = None
+
+    def advance(self, new: RankState) -> None:
+        check_transition(self.state, new)
+        self.state = new
+
+
+class Watcher:
+    """Runs one job to its end and returns its `JobReport`."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        units: JobUnits,
+        systemd: SystemdAPI,
+        wakeup_fd: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_created: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.spec = spec
+        self.units = units
+        self.sd = systemd
+        self.wakeup_fd = wakeup_fd
+        self.clock = clock
+        self.on_created = on_created  # called once the job's units exist
+        self.phase = Phase.STARTING
+        self.ranks = [Rank(spec=r) for r in spec.ranks]
+        self.interrupt: tuple[float, int] | None = None
+        self.stop_job: str | None = None
+        self.stop_issued = False
+        self.start_error: GpulaunchError | None = None
+        # systemd jobs we wait for, by object path: their result once finished.
+        self._awaited: dict[str, str | None] = {}
+        self._rank_jobs: dict[str, Rank] = {}
+        self._selector = selectors.DefaultSelector()
+
+    # -- the loop ---------------------------------------------------------
+
+    def run(self) -> JobReport:
+        with ExitStack() as stack:
+            stack.callback(self._selector.close)
+            stack.callback(self._kill_and_reap_all)
+            self._selector.register(self.wakeup_fd, selectors.EVENT_READ, self._on_signal)
+            self._selector.register(self.sd.fileno(), selectors.EVENT_READ, self._on_bus)
+            self._create_job_units(stack)
+            self.on_created()
+            if self.interrupt is None:
+                self._start_ranks()
+            if self.interrupt is not None or self.start_error is not None:
+                self._begin_stop()
+            self._loop(self._finished)
+            self.phase = Phase.DONE
+        if self.start_error is not None:
+            raise self.start_error
+        return self.report()
+
+    def _loop(self, until: Callable[[], bool]) -> None:
+        while not until():
+            for key, _ in self._selector.select():
+                key.data()
+
+    def _finished(self) -> bool:
+        if any(r.state.alive for r in self.ranks):
+            return False
+        if not self.stop_issued:
+            # Every rank ended by itself: stop the ranks slice anyway, so that
+            # nothing a rank left behind (a daemonised helper) outlives the job.
+            self._begin_stop()
+        return self.stop_job is None
+
+    # -- starting ---------------------------------------------------------
+
+    def _start_unit(
+        self, unit: UnitDefinition, pids: tuple[int, ...] = (), rank: Rank | None = None
+    ) -> str:
+        path = self.sd.start_transient(unit.name, unit.properties, pids)
+        if rank is None:
+            self._awaited[path] = None
+        else:
+            self._rank_jobs[path] = rank
+        self._on_bus()  # signals that arrived during the call wait in sd-bus's queue
+        return path
+
+    def _wait_job(self, path: str, unit: str) -> None:
+        self._loop(lambda: self._awaited[path] is not None)
+        result = self._awaited.pop(path)
+        if result != "done":
+            raise SystemdError(f"systemd could not start {unit}: its start job ended '{result}'")
+
+    def _create_job_units(self, stack: ExitStack) -> None:
+        """The job slice, the watcher's own scope (with us inside), the ranks slice."""
+        units = self.units
+        try:
+            path = self._start_unit(units.job_slice)
+        except JobExistsError as exc:
+            raise JobExistsError(
+                f"a job named {self.spec.job!r} is already running ({units.job_slice.name})",
+                f"choose another --job, or stop that one: systemctl stop {units.job_slice.name}",
+            ) from exc
+        undo = stack.enter_context(ExitStack())
+        undo.callback(self.sd.stop_unit, units.job_slice.name)
+        self._wait_job(path, units.job_slice.name)
+        # From here on our death stops the job slice (PropagatesStopTo=) and,
+        # through BindsTo=, every rank: no code of ours needs to run for that.
+        self._wait_job(self._start_unit(units.watcher, (os.getpid(),)), units.watcher.name)
+        undo.pop_all()
+        self._wait_job(self._start_unit(units.ranks_slice), units.ranks_slice.name)
+
+    def _start_ranks(self) -> None:
+        """Fork every rank at its gate and ask systemd for its scope.
+
+        The gates open one by one as each scope's start job finishes (in
+        `_on_bus`): the reply to StartTransientUnit comes before the move.
+        """
+        by_unit = {u.name: u for u in self.units.ranks}
+        for rank in self.ranks:
+            if self.interrupt is not None or self.stop_issued:
+                return
+            rank.child = spawn_held(rank.spec.argv, rank.spec.env)
+            rank.born_at = self.clock()
+            rank.advance(RankState.HELD)
+            self._selector.register(
+                rank.child.pidfd, selectors.EVENT_READ, self._exit_handler(rank)
+            )
+            try:
+                self._start_unit(by_unit[rank.spec.unit], (rank.child.pid,), rank)
+            except GpulaunchError as exc:
+                self.start_error = exc
+                return
+        self.phase = Phase.RUNNING if not self.stop_issued else self.phase
+
+    # -- events -----------------------------------------------------------
+
+    def _on_signal(self) -> None:
+        try:
+            data = os.read(self.wakeup_fd, 64)
+        except BlockingIOError:
+            return
+        for signum in data:
+            if signum not in INTERRUPTS:
+                continue
+            if self.interrupt is None:
+                self.interrupt = (self.clock(), signum)
+                if self.phase is not Phase.STARTING:
+                    self._begin_stop()
+            else:
+                self._kill_now()
+
+    def _on_bus(self) -> None:
+        for job in self.sd.events():
+            if job.path == self.stop_job:
+                self.stop_job = None
+            elif job.path in self._awaited:
+                self._awaited[job.path] = job.result
+            elif job.path in self._rank_jobs:
+                self._on_rank_started(self._rank_jobs.pop(job.path), job.result)
+
+    def _on_rank_started(self, rank: Rank, result: str) -> None:
+        if rank.state is not RankState.HELD or self.stop_issued:
+            return  # it died at the gate, or we are stopping and killed it there
+        if result != "done":
+            self.start_error = SystemdError(
+                f"systemd could not start {rank.spec.unit}: its start job ended '{result}'"
+            )
+            self._begin_stop()
+            return
+        assert rank.child is not None
+        rank.child.release()
+        rank.born_at = self.clock()
+        rank.advance(RankState.RUNNING)
+
+    def _exit_handler(self, rank: Rank) -> Callable[[], None]:
+        return lambda: self._on_exit(rank)
+
+    def _on_exit(self, rank: Rank) -> None:
+        assert rank.child is not None
+        status = reap(rank.child.pidfd)
+        now = self.clock()
+        self._selector.unregister(rank.child.pidfd)
+        rank.child.close()
+        rank.exit = RankExit(
+            code=status.code,
+            signal=status.signal,
+            stopped_by_watcher=rank.stop_requested,
+            observed_at=now,
+            runtime=now - rank.born_at,
+            core_dumped=status.core_dumped,
+        )
+        rank.advance(RankState.STOPPED if rank.stop_requested else RankState.EXITED)
+        if rank.exit.failed and not rank.stop_requested:
+            self._begin_stop()
+
+    # -- stopping ---------------------------------------------------------
+
+    def _begin_stop(self) -> None:
+        """Gang stop: systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after the grace."""
+        if self.stop_issued:
+            return
+        self.stop_issued = True
+        self.phase = Phase.STOPPING
+        for rank in self.ranks:
+            if rank.state.alive:
+                rank.stop_requested = True
+            if rank.state is RankState.HELD and rank.child is not None:
+                # Never ran user code: nothing to be graceful about.
+                rank.child.abandon()
+                kill_held(rank.child)
+        self.stop_job = self.sd.stop_unit(self.units.ranks_slice.name)
+        self._on_bus()
+
+    def _kill_now(self) -> None:
+        """A second interrupt: SIGKILL everything of the ranks without waiting for the grace."""
+        self._begin_stop()
+        for rank in self.ranks:
+            self.sd.kill_unit(rank.spec.unit, signal.SIGKILL)
+        self._on_bus()
+
+    def _kill_and_reap_all(self) -> None:
+        """On any error path: no child of ours outlives this function."""
+        for rank in self.ranks:
+            child = rank.child
+            if child is None or child.pidfd < 0:
+                continue
+            child.abandon()
+            try:
+                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                reap(child.pidfd)
+            except ChildProcessError:
+                pass
+            except OSError as exc:  # pragma: no cover - defensive
+                if exc.errno != errno.ECHILD:
+                    raise
+            child.close()
+
+    # -- the outcome ------------------------------------------------------
+
+    def report(self) -> JobReport:
+        exits = {r.spec.rank: r.exit for r in self.ranks if r.exit is not None}
+        outcome = job_outcome(exits, self.interrupt)
+        return JobReport(
+            job=self.spec.job,
+            status=outcome.status,
+            cause=outcome.cause if self.start_error is None else Cause.START_FAILED,
+            cause_rank=outcome.cause_rank,
+            interrupt_signal=self.interrupt[1] if self.interrupt else None,
+            ranks=tuple(
+                RankResult(
+                    rank=r.spec.rank,
+                    unit=r.spec.unit,
+                    pid=r.child.pid if r.child is not None else None,
+                    exit=r.exit,
+                )
+                for r in self.ranks
+            ),
+        )

@@ -1,0 +1,134 @@
+"""Integration-test helpers: run the installed `gpulaunch` in the box, see what systemd sees."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpulaunch.names import UnitNames
+
+REPO = Path(__file__).resolve().parents[2]
+GPULAUNCH = str(Path(sys.executable).with_name("gpulaunch"))
+RANK_SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "rank.py")
+# A directory visible at the same path on the host and in the box (the repo is bound into it).
+SHARED = REPO / ".it-tmp"
+
+
+@dataclass
+class Job:
+    """A unique job id and a directory its ranks write pid files to."""
+
+    box: Any
+    id: str
+    dir: Path
+
+    @property
+    def names(self) -> UnitNames:
+        return UnitNames.for_job(self.id)
+
+    def argv(
+        self, *opts: str, script_args: Sequence[str] = (), script: str = RANK_SCRIPT
+    ) -> list[str]:
+        return [
+            GPULAUNCH,
+            "start",
+            "--job",
+            self.id,
+            *opts,
+            script,
+            "--dir",
+            str(self.dir),
+            *script_args,
+        ]
+
+    def run(
+        self, *opts: str, script_args: Sequence[str] = (), timeout: float = 120, **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
+        return self.box.run(
+            self.argv(*opts, script_args=script_args, **kw),
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def popen(
+        self, *opts: str, script_args: Sequence[str] = (), **kw: Any
+    ) -> subprocess.Popen[str]:
+        return self.box.popen(
+            self.argv(*opts, script_args=script_args, **kw),
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def units(self) -> list[str]:
+        """This job's units that systemd still knows, in any state."""
+        out = self.box.run(
+            ["systemctl", "list-units", "--all", "--plain", "--no-legend", "gpulaunch-*"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        prefix = f"gpulaunch-{self.names.component}"
+        mine = []
+        for line in out.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if name == self.names.job_slice or name.startswith(prefix + "-"):
+                mine.append(line.strip())
+        return mine
+
+    def show(self, unit: str, prop: str) -> list[str]:
+        """A unit property as `systemctl show` reports it, unquoted into its items."""
+        out = self.box.run(
+            ["systemctl", "show", "--value", "-p", prop, unit],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return shlex.split(out)
+
+    def pids(self) -> dict[str, int]:
+        return {p.stem: int(p.read_text()) for p in self.dir.glob("*.pid") if p.read_text()}
+
+    def alive(self) -> list[str]:
+        """Names of recorded processes that still exist (zombies count as gone) in the box."""
+        pids = self.pids()
+        if not pids:
+            return []
+        live_check = 's=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) && [ "$s" != Z ] && echo $p'
+        script = f"for p in {' '.join(map(str, pids.values()))}; do {live_check}; done; true"
+        out = self.box.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+        live = {int(x) for x in out.split()}
+        return [name for name, pid in pids.items() if pid in live]
+
+    def wait_file(self, name: str, timeout: float = 60) -> None:
+        wait_until(lambda: (self.dir / name).exists(), timeout, f"{name} in {self.dir}")
+
+    def stop(self) -> None:
+        self.box.run(["systemctl", "stop", self.names.job_slice], capture_output=True)
+
+
+def new_job(box: Any, label: str) -> Job:
+    job_id = f"{label}-{uuid.uuid4().hex[:6]}"
+    d = SHARED / job_id
+    d.mkdir(parents=True)
+    return Job(box=box, id=job_id, dir=d)
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
+    """Wait for a condition in a test (not product code); returns the seconds it took."""
+    start = time.monotonic()
+    while not pred():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - start

@@ -1,0 +1,71 @@
+"""A configurable rank for the integration tests (no torch: fast to start).
+
+Every rank writes `<dir>/rank<N>.pid` (and the pids of any helpers it starts)
+so a test can check that all of them are gone afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def rank_map(text: str) -> dict[int, int]:
+    """`2:7,3:9` -> {2: 7, 3: 9}"""
+    return {int(k): int(v) for k, v in (item.split(":") for item in text.split(",") if item)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True, help="where to write pid files")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds every rank sleeps")
+    p.add_argument("--exit", type=rank_map, default={}, help="rank:code, after --fail-after")
+    p.add_argument("--kill", type=rank_map, default={}, help="rank:signal to send to itself")
+    p.add_argument("--fail-after", type=float, default=0.0)
+    p.add_argument("--ignore-term", action="store_true", help="every rank ignores SIGTERM")
+    p.add_argument("--grandchild", action="store_true", help="start a plain child: sleep")
+    p.add_argument("--daemon", action="store_true", help="start a double-forked setsid daemon")
+    p.add_argument("--print", action="store_true", help="print env and cgroup")
+    args = p.parse_args()
+    rank = int(os.environ["RANK"])
+
+    def record(name: str, pid: int) -> None:
+        with open(os.path.join(args.dir, f"{name}.pid"), "w") as f:
+            f.write(str(pid))
+
+    record(f"rank{rank}", os.getpid())
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.grandchild:
+        child = subprocess.Popen(["sleep", "300"])
+        record(f"rank{rank}-child", child.pid)
+    if args.daemon:
+        # The classic double fork + setsid: escapes process-group based cleanup.
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                record(f"rank{rank}-daemon", os.getpid())
+                os.execvp("sleep", ["sleep", "300"])
+            os._exit(0)
+        os.wait()
+    if args.print:
+        with open("/proc/self/cgroup") as f:
+            cgroup = f.read().strip().splitlines()[-1]
+        print(f"rank {rank} cgroup {cgroup}", flush=True)
+    open(os.path.join(args.dir, f"rank{rank}.ready"), "w").close()
+    if rank in args.exit or rank in args.kill:
+        time.sleep(args.fail_after)
+        if rank in args.kill:
+            os.kill(os.getpid(), args.kill[rank])
+        with open(os.path.join(args.dir, f"rank{rank}.failed"), "w") as f:
+            f.write(repr(time.time()))
+        sys.exit(args.exit[rank])
+    time.sleep(args.sleep)
+
+
+if __name__ == "__main__":
+    main()

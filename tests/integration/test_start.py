@@ -1,0 +1,301 @@
+"""`gpulaunch start` against a real systemd: topology, gang fail-fast, exit statuses, cleanup."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from tests.integration.jobs import GPULAUNCH, REPO, Job, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def assert_clean(job: Job) -> None:
+    """Nothing of the job is left: no unit in any state, no recorded process."""
+    wait_until(lambda: not job.units(), 5, f"units of {job.id} to go away: {job.units()}")
+    assert job.alive() == []
+    failed = job.box.run(
+        ["systemctl", "list-units", "--failed", "--plain", "--no-legend"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "gpulaunch" not in failed
+
+
+def test_all_ranks_succeed(job: Job) -> None:
+    res = job.run("--nproc", "4", script_args=["--print"])
+    assert res.returncode == 0, res.stderr
+    # each rank ran in its own scope inside the job's ranks slice
+    for rank in range(4):
+        cgroup = (
+            f"0::/gpulaunch.slice/{job.names.job_slice}/{job.names.ranks_slice}/"
+            f"{job.names.rank_scope(rank)}"
+        )
+        assert f"rank {rank} cgroup {cgroup}" in res.stdout
+    assert "succeeded" in res.stderr
+    assert_clean(job)
+
+
+def test_failing_rank_stops_the_others(job: Job) -> None:
+    res = job.run(
+        "--nproc", "4", script_args=["--sleep", "60", "--exit", "2:7", "--fail-after", "0.5"]
+    )
+    ended = time.time()
+    assert res.returncode == 7, res.stderr
+    failed_at = float((job.dir / "rank2.failed").read_text())
+    assert ended - failed_at < 2.0
+    report = res.stderr.splitlines()
+    headline = next(i for i, line in enumerate(report) if "failed: rank 2 exit 7" in line)
+    # the cause line comes first in the table, the others were stopped by the watcher
+    rows = [line.split() for line in report[headline + 2 : headline + 6]]
+    assert rows[0][0] == "2" and rows[0][3:6] == ["exit", "7", "cause"]
+    assert sorted(r[0] for r in rows[1:]) == ["0", "1", "3"]
+    assert all(r[3:5] == ["SIGTERM", "stopped"] for r in rows[1:])
+    assert_clean(job)
+
+
+def test_rank_killed_by_sigkill(job: Job) -> None:
+    res = job.run(
+        "--nproc", "2", script_args=["--sleep", "60", "--kill", "1:9", "--fail-after", "0.2"]
+    )
+    assert res.returncode == 137, res.stderr
+    assert re.search(r"failed: rank 1 SIGKILL \(status 137\)", res.stderr)
+    assert_clean(job)
+
+
+def test_watcher_sigkill_leaves_nothing(job: Job) -> None:
+    proc = job.popen("--nproc", "3", script_args=["--sleep", "300", "--grandchild", "--daemon"])
+    try:
+        for rank in range(3):
+            job.wait_file(f"rank{rank}.ready")
+        assert len(job.alive()) == 9  # 3 ranks, 3 children, 3 daemons
+        os.kill(job.box.inner_pid(proc), signal.SIGKILL)
+        took = wait_until(lambda: not job.alive(), 2.0, "every rank process to be gone")
+        print(f"all rank processes gone {took:.3f}s after SIGKILL of the watcher")
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert_clean(job)
+
+
+def test_grandchildren_are_gone_when_the_job_ends(job: Job) -> None:
+    res = job.run("--nproc", "2", script_args=["--grandchild", "--daemon", "--sleep", "0.2"])
+    assert res.returncode == 0, res.stderr
+    assert set(job.pids()) == {f"rank{r}{s}" for r in range(2) for s in ("", "-child", "-daemon")}
+    assert_clean(job)
+
+
+def test_sigterm_to_watcher(job: Job) -> None:
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300", "--grandchild"])
+    for rank in range(2):
+        job.wait_file(f"rank{rank}.ready")
+    os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM (status 143)" in err
+    assert_clean(job)
+
+
+def test_sigint_to_watcher(job: Job) -> None:
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300"])
+    for rank in range(2):
+        job.wait_file(f"rank{rank}.ready")
+    os.kill(job.box.inner_pid(proc), signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert_clean(job)
+
+
+def test_rank_ignoring_sigterm_is_killed_after_the_grace(job: Job) -> None:
+    res = job.run(
+        "--nproc",
+        "2",
+        "--grace",
+        "1",
+        script_args=["--sleep", "300", "--ignore-term", "--exit", "0:3", "--fail-after", "0.3"],
+    )
+    assert res.returncode == 3, res.stderr
+    line = next(line for line in res.stderr.splitlines() if line.split()[:1] == ["1"])
+    assert "SIGKILL" in line and "stopped" in line
+    # killed after about the grace, not at once and not after systemd's default 90 s
+    runtime = float(line.split()[-1].rstrip("s"))
+    assert 1.0 <= runtime < 10
+    assert_clean(job)
+
+
+def test_status_shows_the_tree_while_running(job: Job) -> None:
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300"])
+    try:
+        for rank in range(2):
+            job.wait_file(f"rank{rank}.ready")
+        out = job.box.run(
+            ["systemctl", "status", "--no-pager", job.names.job_slice],
+            capture_output=True,
+            text=True,
+        ).stdout
+        for unit in (
+            job.names.watcher_scope,
+            job.names.ranks_slice,
+            *map(job.names.rank_scope, (0, 1)),
+        ):
+            assert unit in out
+        assert out.count("rank.py") >= 2 and "gpulaunch start" in out
+        assert job.show(job.names.rank_scope(1), "BindsTo") == [job.names.watcher_scope]
+        assert job.names.watcher_scope in job.show(job.names.rank_scope(1), "After")
+        assert job.show(job.names.watcher_scope, "PropagatesStopTo") == [job.names.job_slice]
+    finally:
+        os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert_clean(job)
+
+
+def test_ddp_example_fails_fast(job: Job) -> None:
+    start = time.monotonic()
+    res = job.box.run(
+        [
+            GPULAUNCH,
+            "start",
+            "--nproc",
+            "4",
+            "--job",
+            job.id,
+            "examples/ddp_train.py",
+            "--steps",
+            "200",
+            "--fail-rank",
+            "2",
+            "--fail-step",
+            "3",
+            "--step-sleep",
+            "0.05",
+        ],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    took = time.monotonic() - start
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "failed: rank 2 exit 1" in res.stderr
+    assert "rank 2 failed on purpose in step 3" in res.stderr
+    assert took < 120  # the collective timeout is 30 minutes: this is "in seconds"
+    assert_clean(job)
+
+
+@pytest.mark.parametrize("name", ["has-dash", "with space/and slash", "ünïcødé-名前", "a\\x2db"])
+def test_odd_job_names(box: object, name: str, job: Job) -> None:
+    job.id = name + "-" + job.id
+    res = job.run("--nproc", "2", script_args=["--print"])
+    assert res.returncode == 0, res.stderr
+    assert f"{job.names.job_slice}/{job.names.ranks_slice}/{job.names.rank_scope(1)}" in res.stdout
+    assert_clean(job)
+
+
+def test_second_job_with_the_same_name_is_refused(job: Job) -> None:
+    proc = job.popen("--nproc", "1", script_args=["--sleep", "300"])
+    try:
+        job.wait_file("rank0.ready")
+        res = job.run("--nproc", "1")
+        assert res.returncode == 73
+        assert res.stderr.count("\n") == 1 and "already running" in res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert_clean(job)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (
+            ["start", "--nproc", "2", "does-not-exist.py"],
+            2,
+            "script does-not-exist.py does not exist",
+        ),
+        (
+            ["start", "--nproc", "0", "tests/integration/scripts/rank.py"],
+            2,
+            "--nproc must be at least 1",
+        ),
+        (["start", "--grace", "soon", "x.py"], 2, "not a number of seconds"),
+        (["start", "--bogus", "x.py"], 2, "unrecognized arguments: --bogus"),
+        (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+        (["start", "--job", "a\nb", "tests/integration/scripts/rank.py"], 2, "control characters"),
+    ],
+)
+def test_bad_input(box: object, job: Job, argv: list[str], code: int, message: str) -> None:
+    res = job.box.run([GPULAUNCH, *argv], cwd=str(REPO), capture_output=True, text=True)
+    assert res.returncode == code
+    assert res.stderr.startswith("gpulaunch: error: ") and message in res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert not any(
+        u
+        for u in job.box.run(
+            ["systemctl", "list-units", "--all", "--plain", "--no-legend", "gpulaunch-*"],
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
+        if "frobnicate" in u or "does\\x2dnot" in u
+    )
+
+
+def test_no_systemd_reachable(job: Job) -> None:
+    env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent/bus")
+    res = job.box.run(
+        job.argv("--nproc", "2", "--system"), cwd=str(REPO), capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 69, res.stderr
+    assert "cannot reach the systemd system manager" in res.stderr and "sdbox" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not job.pids()  # no rank was started
+    assert_clean(job)
+
+
+def test_access_denied_for_unprivileged_user_on_the_system_manager(job: Job) -> None:
+    os.chmod(job.dir, 0o777)
+    res = job.box.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            *job.argv("--nproc", "1", "--system"),
+        ],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 77, res.stderr
+    assert "access denied" in res.stderr and "--user" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert_clean(job)
+
+
+def test_python_m_gpulaunch_works(job: Job) -> None:
+    import sys
+
+    res = job.box.run(
+        [
+            sys.executable,
+            "-m",
+            "gpulaunch",
+            "start",
+            "--nproc",
+            "2",
+            "--job",
+            job.id,
+            "tests/integration/scripts/rank.py",
+            "--dir",
+            str(job.dir),
+        ],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    assert_clean(job)

@@ -1,0 +1,232 @@
+"""The watcher's loop with a hand-written fake of the systemd interface and real children.
+
+The fake stands in for systemd only: jobs finish at once and "stopping" the
+ranks slice sends SIGTERM to the rank processes, as systemd would. The ranks
+are real short-lived processes, reaped through real pidfds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from gpulaunch.codec import Property
+from gpulaunch.errors import JobExistsError, SystemdError
+from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
+from gpulaunch.names import UnitNames
+from gpulaunch.plan import JobUnits
+from gpulaunch.systemd import JobDone
+from gpulaunch.units import UnitDefinition
+from gpulaunch.watcher import Watcher
+
+
+class FakeSystemd:
+    """Units are names with pids; every job is done as soon as it is queued."""
+
+    def __init__(self, fail_start: str | None = None, start_result: str = "done") -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        self.queue: list[JobDone] = []
+        self.units: dict[str, list[int]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.fail_start = fail_start
+        self.start_result = start_result
+        self._n = 0
+
+    def _job(self, unit: str, result: str = "done") -> str:
+        self._n += 1
+        path = f"/org/freedesktop/systemd1/job/{self._n}"
+        self.queue.append(JobDone(path, unit, result))
+        os.write(self._w, b"x")
+        return path
+
+    def fileno(self) -> int:
+        return self._r
+
+    def start_transient(
+        self, name: str, properties: Sequence[Property], pids: Sequence[int] = ()
+    ) -> str:
+        self.calls.append(("start", name))
+        if name == self.fail_start:
+            raise SystemdError(f"systemd could not create {name}: test")
+        if name in self.units:
+            raise JobExistsError(f"unit {name} already exists")
+        self.units[name] = list(pids)
+        return self._job(
+            name, self.start_result if name.endswith(".scope") and "-rank" in name else "done"
+        )
+
+    def stop_unit(self, name: str) -> str | None:
+        self.calls.append(("stop", name))
+        if name not in self.units:
+            return None
+        for unit, pids in self.units.items():
+            if "-rank" in unit:
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+        return self._job(name)
+
+    def kill_unit(self, name: str, signum: int) -> None:
+        self.calls.append(("kill", name))
+        for pid in self.units.get(name, []):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def events(self) -> list[JobDone]:
+        try:
+            os.read(self._r, 4096)
+        except BlockingIOError:
+            pass
+        done, self.queue = self.queue, []
+        return done
+
+
+def make_job(commands: Sequence[Sequence[str]], job: str = "t") -> tuple[JobSpec, JobUnits]:
+    names = UnitNames.for_job(job)
+    ranks = tuple(
+        RankSpec(
+            rank=i, local_rank=i, unit=names.rank_scope(i), argv=tuple(argv), env=dict(os.environ)
+        )
+        for i, argv in enumerate(commands)
+    )
+    spec = JobSpec(
+        job=job,
+        names=names,
+        manager=Manager.SYSTEM,
+        argv=tuple(commands[0]),
+        cwd=os.getcwd(),
+        nproc=len(ranks),
+        world_size=len(ranks),
+        master_addr="127.0.0.1",
+        master_port=1,
+        grace_sec=1.0,
+        ranks=ranks,
+    )
+
+    def unit(name: str) -> UnitDefinition:
+        return UnitDefinition(name=name, template=Path("x"), text="", properties=())
+
+    units = JobUnits(
+        job_slice=unit(names.job_slice),
+        ranks_slice=unit(names.ranks_slice),
+        watcher=unit(names.watcher_scope),
+        ranks=tuple(unit(r.unit) for r in ranks),
+    )
+    return spec, units
+
+
+@pytest.fixture
+def wakeup() -> Iterator[tuple[int, socket.socket]]:
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    yield r.fileno(), w
+    r.close()
+    w.close()
+
+
+def sh(script: str) -> list[str]:
+    return ["/bin/sh", "-c", script]
+
+
+def no_children_left() -> bool:
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_all_succeed(wakeup: tuple[int, socket.socket]) -> None:
+    sd = FakeSystemd()
+    spec, units = make_job([sh("exit 0"), sh("exit 0")])
+    report = Watcher(spec, units, sd, wakeup[0]).run()
+    assert report.status == 0 and report.cause is Cause.SUCCEEDED
+    assert [r.exit.code for r in report.ranks if r.exit] == [0, 0]
+    # the ranks slice is stopped at the end even on success (leftover grandchildren)
+    assert ("stop", units.ranks_slice.name) in sd.calls
+    assert [c for c in sd.calls if c[0] == "start"][:3] == [
+        ("start", units.job_slice.name),
+        ("start", units.watcher.name),
+        ("start", units.ranks_slice.name),
+    ]
+    assert no_children_left()
+
+
+def test_first_failure_stops_the_gang(wakeup: tuple[int, socket.socket]) -> None:
+    sd = FakeSystemd()
+    spec, units = make_job([sh("exec sleep 60"), sh("exit 3"), sh("exec sleep 60")])
+    report = Watcher(spec, units, sd, wakeup[0]).run()
+    assert (report.status, report.cause, report.cause_rank) == (3, Cause.RANK_FAILED, 1)
+    stopped = [r for r in report.ranks if r.rank != 1]
+    assert all(
+        r.exit and r.exit.signal == signal.SIGTERM and r.exit.stopped_by_watcher for r in stopped
+    )
+    assert no_children_left()
+
+
+def test_early_success_is_not_a_failure(wakeup: tuple[int, socket.socket]) -> None:
+    sd = FakeSystemd()
+    spec, units = make_job([sh("exit 0"), sh("sleep 0.3; exit 0")])
+    report = Watcher(spec, units, sd, wakeup[0]).run()
+    assert report.status == 0
+
+
+def test_rank_killed_by_signal(wakeup: tuple[int, socket.socket]) -> None:
+    sd = FakeSystemd()
+    spec, units = make_job([sh("kill -KILL $$"), sh("exec sleep 60")])
+    report = Watcher(spec, units, sd, wakeup[0]).run()
+    assert (report.status, report.cause_rank) == (137, 0)
+
+
+def test_interrupt_stops_with_128_plus_n(wakeup: tuple[int, socket.socket]) -> None:
+    sd = FakeSystemd()
+    spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60")])
+    wakeup[1].send(bytes([signal.SIGTERM]))
+    report = Watcher(spec, units, sd, wakeup[0]).run()
+    assert (report.status, report.cause) == (143, Cause.INTERRUPTED)
+    assert all(r.exit is None or r.exit.stopped_by_watcher for r in report.ranks)
+    assert no_children_left()
+
+
+def test_second_interrupt_kills(wakeup: tuple[int, socket.socket]) -> None:
+    sd = FakeSystemd()
+    spec, units = make_job([sh("trap '' TERM; sleep 60 & wait; sleep 60")])
+    wakeup[1].send(bytes([signal.SIGINT, signal.SIGINT]))
+    report = Watcher(spec, units, sd, wakeup[0]).run()
+    assert report.status == 130
+    assert ("kill", units.ranks[0].name) in sd.calls
+
+
+def test_job_exists(wakeup: tuple[int, socket.socket]) -> None:
+    sd = FakeSystemd()
+    spec, units = make_job([sh("exit 0")])
+    sd.units[units.job_slice.name] = []
+    with pytest.raises(JobExistsError, match="already running"):
+        Watcher(spec, units, sd, wakeup[0]).run()
+
+
+def test_partial_start_is_undone(wakeup: tuple[int, socket.socket]) -> None:
+    spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60"), sh("exec sleep 60")])
+    sd = FakeSystemd(fail_start=units.ranks[1].name)
+    with pytest.raises(SystemdError):
+        Watcher(spec, units, sd, wakeup[0]).run()
+    assert ("stop", units.ranks_slice.name) in sd.calls
+    assert no_children_left()
+
+
+def test_failed_start_job_kills_held_ranks(wakeup: tuple[int, socket.socket]) -> None:
+    spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60")])
+    sd = FakeSystemd(start_result="failed")
+    with pytest.raises(SystemdError, match="failed"):
+        Watcher(spec, units, sd, wakeup[0]).run()
+    assert no_children_left()
