@@ -96,7 +96,7 @@ def _child(gate: int, argv: list[str], env: dict[bytes, bytes]) -> None:  # prag
             os._exit(GATE_CLOSED)
         os.close(gate)
         try:
-            os.execvpe(argv[0], argv, env)  # type: ignore[arg-type]
+            os.execvpe(argv[0], argv, env)
         except OSError as exc:
             os.write(2, f"gpulaunch: cannot execute {argv[0]}: {exc.strerror}\n".encode())
             os._exit(EXEC_FAILED)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
-from pystemd.dbusexc import (  # type: ignore[import-not-found]
+from pystemd.dbusexc import (
     DBusAccessDeniedError,
     DBusBaseError,
     DBusInteractiveAuthorizationRequiredError,
@@ -27,7 +27,7 @@ from pystemd.dbusexc import (  # type: ignore[import-not-found]
     DBusPropertyReadOnlyError,
     DBusUnixProcessIdUnknownError,
 )
-from pystemd.dbuslib import DBus, apply_signature  # type: ignore[import-not-found]
+from pystemd.dbuslib import DBus, apply_signature
 
 from gpulaunch.codec import Property
 from gpulaunch.errors import (

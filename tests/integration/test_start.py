@@ -299,3 +299,57 @@ def test_python_m_gpulaunch_works(job: Job) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert_clean(job)
+
+
+@pytest.fixture(scope="module")
+def box_user(box: object) -> tuple[int, dict[str, str]]:
+    """An ordinary user with a running user manager, inside the box only."""
+    from sdbox import Box
+
+    if not isinstance(box, Box):
+        pytest.skip("needs the throwaway box: it would add a user to this host")
+    box.run(["useradd", "--create-home", "gltest"], check=True, capture_output=True)
+    # Inside the box's overlay only: let the user reach this Python (pyenv lives under /root).
+    box.run(["chmod", "711", "/root"], check=True)
+    uid = int(box.run(["id", "-u", "gltest"], capture_output=True, text=True, check=True).stdout)
+    box.run(["systemctl", "start", f"user@{uid}.service"], check=True)
+    env = {
+        "HOME": "/home/gltest",
+        "XDG_RUNTIME_DIR": f"/run/user/{uid}",
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{uid}/bus",
+    }
+    return uid, env
+
+
+def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], job: Job) -> None:
+    uid, env = box_user
+    os.chmod(job.dir, 0o777)
+    res = job.box.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--init-groups", "env",
+         *[f"{k}={v}" for k, v in env.items()], *job.argv("--nproc", "2", script_args=["--print"])],
+        cwd=str(REPO), capture_output=True, text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    user_slice = f"0::/user.slice/user-{uid}.slice/user@{uid}.service/gpulaunch.slice/"
+    assert f"rank 1 cgroup {user_slice}{job.names.job_slice}/{job.names.ranks_slice}/" in res.stdout
+    leftover = job.box.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--init-groups", "env",
+         *[f"{k}={v}" for k, v in env.items()],
+         "systemctl", "--user", "list-units", "--all", "--plain", "--no-legend", "gpulaunch-*"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert job.names.job_slice not in leftover
+    assert job.alive() == []
+
+
+def test_ordinary_user_without_a_user_manager(job: Job) -> None:
+    os.chmod(job.dir, 0o777)
+    res = job.box.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-u",
+         "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR=/nonexistent", *job.argv("--nproc", "1")],
+        cwd=str(REPO), capture_output=True, text=True,
+    )
+    assert res.returncode == 69, res.stderr
+    assert "cannot reach your systemd user manager" in res.stderr
+    assert "enable-linger" in res.stderr and "Traceback" not in res.stderr
+    assert not job.pids()
