@@ -1,24 +1,29 @@
 """The watcher: one single-threaded event loop that runs a job.
 
 It forks every rank held at a gate, has systemd put each in its scope, opens
-the gates, then sleeps in `select` until something happens: a rank's pidfd
-becomes readable, systemd reports a finished job on the bus, or a signal
-arrives through the wakeup fd. There is no timer and no poll interval: the
-grace period belongs to systemd (`TimeoutStopSec=` of the rank scopes,
-systemd.kill(5)).
+the gates, then sleeps in the event loop until something happens: a rank's
+pidfd becomes readable, systemd reports a finished job on the bus, a signal
+arrives through the wakeup fd, or an observer (the D-Bus publisher) asks for
+something. There is no timer and no poll interval: the grace period belongs to
+systemd (`TimeoutStopSec=` of the rank scopes, systemd.kill(5)).
+
+The loop is asyncio's (an epoll loop on one thread), driven from synchronous
+code: `_loop(until)` runs it until `until()` holds, re-checking after every
+event. asyncio because the libraries that publish objects on D-Bus need it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import errno
 import os
-import selectors
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpulaunch.errors import GpulaunchError, JobExistsError, SystemdError
 from gpulaunch.model import (
@@ -65,6 +70,22 @@ class Rank:
         self.state = new
 
 
+class Observer(Protocol):
+    """Follows a job as it runs: the D-Bus publisher, the terminal, ..."""
+
+    def attach(self, watcher: Watcher, loop: asyncio.AbstractEventLoop) -> None:
+        """Called once, before anything starts; may add readers to the loop."""
+
+    def changed(self, rank: Rank | None) -> None:
+        """A rank's state changed, or (None) the job's phase."""
+
+    async def finished(self, report: JobReport) -> None:
+        """The job ended; awaited (with a bound) before the watcher returns."""
+
+
+FINISH_TIMEOUT = 2.0  # how long observers may take to publish the end of a job
+
+
 class Watcher:
     """Runs one job to its end and returns its `JobReport`."""
 
@@ -76,6 +97,7 @@ class Watcher:
         wakeup_fd: int,
         clock: Callable[[], float] = time.monotonic,
         on_created: Callable[[], None] = lambda: None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self.spec = spec
         self.units = units
@@ -92,16 +114,20 @@ class Watcher:
         # systemd jobs we wait for, by object path: their result once finished.
         self._awaited: dict[str, str | None] = {}
         self._rank_jobs: dict[str, Rank] = {}
-        self._selector = selectors.DefaultSelector()
+        self.observers = tuple(observers)
+        self._aio = asyncio.new_event_loop()
+        self._changed: asyncio.Future[None] | None = None
 
     # -- the loop ---------------------------------------------------------
 
     def run(self) -> JobReport:
         with ExitStack() as stack:
-            stack.callback(self._selector.close)
+            stack.callback(self._aio.close)
             stack.callback(self._kill_and_reap_all)
-            self._selector.register(self.wakeup_fd, selectors.EVENT_READ, self._on_signal)
-            self._selector.register(self.sd.fileno(), selectors.EVENT_READ, self._on_bus)
+            self._watch(self.wakeup_fd, self._on_signal)
+            self._watch(self.sd.fileno(), self._on_bus)
+            for observer in self.observers:
+                observer.attach(self, self._aio)
             self._create_job_units(stack)
             self.on_created()
             if self.interrupt is None:
@@ -109,15 +135,58 @@ class Watcher:
             if self.interrupt is not None or self.start_error is not None:
                 self._begin_stop()
             self._loop(self._finished)
-            self.phase = Phase.DONE
-        if self.start_error is not None:
-            raise self.start_error
-        return self.report()
+            self._set_phase(Phase.DONE)
+            if self.start_error is not None:
+                raise self.start_error
+            report = self.report()
+            for observer in self.observers:
+                self._aio.run_until_complete(
+                    asyncio.wait_for(observer.finished(report), FINISH_TIMEOUT)
+                )
+            return report
+
+    def request_stop(self) -> None:
+        """Stop the job gracefully, as a first SIGTERM would (for observers)."""
+        if self.interrupt is None:
+            self.interrupt = (self.clock(), signal.SIGTERM)
+        if self.phase is not Phase.STARTING:
+            self._begin_stop()
+        self._poke()
+
+    def _watch(self, fd: int, handler: Callable[[], None]) -> None:
+        def dispatch() -> None:
+            try:
+                handler()
+            except BaseException as exc:  # asyncio would only log it: raise it from _loop
+                if self._changed is not None and not self._changed.done():
+                    self._changed.set_exception(exc)
+                    return
+                raise
+            self._poke()
+
+        self._aio.add_reader(fd, dispatch)
+
+    def _poke(self) -> None:
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
 
     def _loop(self, until: Callable[[], bool]) -> None:
         while not until():
-            for key, _ in self._selector.select():
-                key.data()
+            self._changed = self._aio.create_future()
+            self._aio.run_until_complete(self._changed)
+
+    def _set_phase(self, phase: Phase) -> None:
+        if phase is not self.phase:
+            self.phase = phase
+            self._notify(None)
+
+    def _advance(self, rank: Rank, state: RankState) -> None:
+        rank.advance(state)
+        self._notify(rank)
+
+    def _notify(self, rank: Rank | None) -> None:
+        for observer in self.observers:
+            observer.changed(rank)
 
     def _finished(self) -> bool:
         if any(r.state.alive for r in self.ranks):
@@ -178,16 +247,15 @@ class Watcher:
                 return
             rank.child = spawn_held(rank.spec.argv, rank.spec.env)
             rank.born_at = self.clock()
-            rank.advance(RankState.HELD)
-            self._selector.register(
-                rank.child.pidfd, selectors.EVENT_READ, self._exit_handler(rank)
-            )
+            self._advance(rank, RankState.HELD)
+            self._watch(rank.child.pidfd, self._exit_handler(rank))
             try:
                 self._start_unit(by_unit[rank.spec.unit], (rank.child.pid,), rank)
             except GpulaunchError as exc:
                 self.start_error = exc
                 return
-        self.phase = Phase.RUNNING if not self.stop_issued else self.phase
+        if not self.stop_issued:
+            self._set_phase(Phase.RUNNING)
 
     # -- events -----------------------------------------------------------
 
@@ -227,7 +295,7 @@ class Watcher:
         assert rank.child is not None
         rank.child.release()
         rank.born_at = self.clock()
-        rank.advance(RankState.RUNNING)
+        self._advance(rank, RankState.RUNNING)
 
     def _exit_handler(self, rank: Rank) -> Callable[[], None]:
         return lambda: self._on_exit(rank)
@@ -236,7 +304,7 @@ class Watcher:
         assert rank.child is not None
         status = reap(rank.child.pidfd)
         now = self.clock()
-        self._selector.unregister(rank.child.pidfd)
+        self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
         rank.exit = RankExit(
             code=status.code,
@@ -246,7 +314,7 @@ class Watcher:
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
         )
-        rank.advance(RankState.STOPPED if rank.stop_requested else RankState.EXITED)
+        self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:
             self._begin_stop()
 
@@ -257,7 +325,7 @@ class Watcher:
         if self.stop_issued:
             return
         self.stop_issued = True
-        self.phase = Phase.STOPPING
+        self._set_phase(Phase.STOPPING)
         for rank in self.ranks:
             if rank.state.alive:
                 rank.stop_requested = True
