@@ -8,9 +8,11 @@ scope's start job finish.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Exit codes of a child that never reached the script.
@@ -55,20 +57,26 @@ class WaitStatus:
     core_dumped: bool
 
 
-def spawn_held(argv: Sequence[str], env: Mapping[str, str]) -> HeldChild:
-    """Fork a child that execs `argv` once released; it is its own process group.
+def fork_held(body: Callable[[], object], fds: Mapping[int, int]) -> HeldChild:
+    """Fork a child that runs `body` once released.
 
-    Its own process group keeps a terminal's Ctrl-C away from the ranks: the
-    watcher receives it and stops them through systemd, with the grace period.
+    `fds` maps the child's fd numbers to the parent's fds to put there (e.g.
+    {1: a pipe}); every other fd except 0-2 is closed in the child, so that if
+    the watcher dies while the child waits, no sibling keeps its gate open and
+    it sees EOF and leaves. The child is its own process group: a terminal's
+    Ctrl-C reaches the watcher only, which stops the ranks through systemd.
     """
     read_end, write_end = os.pipe()
-    env_bytes = {
-        k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
-        for k, v in env.items()
-    }
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; it never returns
-        _child(read_end, list(argv), env_bytes)
+        try:
+            gate = _child_setup(read_end, fds)
+            if os.read(gate, 1) != b"x":
+                os._exit(GATE_CLOSED)
+            os.close(gate)
+            body()
+        finally:
+            os._exit(EXEC_FAILED)
     os.close(read_end)
     try:
         pidfd = os.pidfd_open(pid)
@@ -80,30 +88,45 @@ def spawn_held(argv: Sequence[str], env: Mapping[str, str]) -> HeldChild:
     return HeldChild(pid=pid, pidfd=pidfd, gate=write_end)
 
 
-def _child(gate: int, argv: list[str], env: dict[bytes, bytes]) -> None:  # pragma: no cover
-    try:
-        # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal survives
-        # exec; the watcher's handlers must not run here either.
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.setpgid(0, 0)
-        # Hold nothing of the watcher's: if it dies while we wait, no sibling
-        # keeps our gate's write end open, so we see EOF and leave.
-        os.closerange(3, gate)
-        os.closerange(gate + 1, os.sysconf("SC_OPEN_MAX"))
-        if os.read(gate, 1) != b"x":
-            os._exit(GATE_CLOSED)
-        os.close(gate)
+def _child_setup(gate: int, fds: Mapping[int, int]) -> int:  # pragma: no cover - in the child
+    """Signals back to defaults, own process group, exactly the wanted fds; returns the gate fd."""
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal survives exec;
+    # the watcher's handlers must not run here either.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    os.setpgid(0, 0)
+    top = max([2, *fds]) + 1
+    wanted = {**fds, top: gate}
+    # Move every source out of the way first, so that no dup2 clobbers another source.
+    high = {t: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 1024) for t, src in wanted.items()}
+    for target, source in high.items():
+        os.dup2(source, target, inheritable=target in fds)
+    os.closerange(top + 1, os.sysconf("SC_OPEN_MAX"))
+    for fd in range(3, top):
+        if fd not in wanted:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    return top
+
+
+def spawn_held(
+    argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, int] | None = None
+) -> HeldChild:
+    """Fork a child that execs `argv` with `env` once released."""
+    env_bytes = {
+        k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
+        for k, v in env.items()
+    }
+    args = list(argv)
+
+    def execute() -> None:  # pragma: no cover - in the child
         try:
-            os.execvpe(argv[0], argv, env)
+            os.execvpe(args[0], args, env_bytes)
         except OSError as exc:
-            os.write(2, f"gpulaunch: cannot execute {argv[0]}: {exc.strerror}\n".encode())
-            os._exit(EXEC_FAILED)
-    except BaseException:
-        os._exit(EXEC_FAILED)
-    finally:
-        os._exit(EXEC_FAILED)
+            os.write(2, f"gpulaunch: cannot execute {args[0]}: {exc.strerror}\n".encode())
+
+    return fork_held(execute, fds or {})
 
 
 def reap(pidfd: int) -> WaitStatus:

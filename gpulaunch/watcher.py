@@ -37,8 +37,10 @@ from gpulaunch.model import (
     check_transition,
     job_outcome,
 )
+from gpulaunch.output import Output, OutputOptions, Stream
 from gpulaunch.plan import JobUnits
-from gpulaunch.procs import HeldChild, kill_held, reap, spawn_held
+from gpulaunch.procs import HeldChild, fork_held, kill_held, reap, spawn_held
+from gpulaunch.pump import JournalTarget, run_pump
 from gpulaunch.systemd import SystemdAPI
 from gpulaunch.units import UnitDefinition
 
@@ -61,6 +63,7 @@ class Rank:
     spec: RankSpec
     state: RankState = RankState.PENDING
     child: HeldChild | None = None
+    pump: HeldChild | None = None  # copies the rank's output to journald and to us
     born_at: float = 0.0
     stop_requested: bool = False
     exit: RankExit | None = None
@@ -98,6 +101,8 @@ class Watcher:
         clock: Callable[[], float] = time.monotonic,
         on_created: Callable[[], None] = lambda: None,
         observers: Sequence[Observer] = (),
+        output: Output | None = None,
+        journal: bool = False,
     ) -> None:
         self.spec = spec
         self.units = units
@@ -115,6 +120,8 @@ class Watcher:
         self._awaited: dict[str, str | None] = {}
         self._rank_jobs: dict[str, Rank] = {}
         self.observers = tuple(observers)
+        self.output = output or Output(OutputOptions(), spec.world_size)
+        self.journal = journal  # whether the pumps write to journald
         self._aio = asyncio.new_event_loop()
         self._changed: asyncio.Future[None] | None = None
 
@@ -126,6 +133,8 @@ class Watcher:
             stack.callback(self._kill_and_reap_all)
             self._watch(self.wakeup_fd, self._on_signal)
             self._watch(self.sd.fileno(), self._on_bus)
+            self.output.attach(self._aio, self._poke)
+            stack.callback(self.output.close)
             for observer in self.observers:
                 observer.attach(self, self._aio)
             self._create_job_units(stack)
@@ -195,7 +204,8 @@ class Watcher:
             # Every rank ended by itself: stop the ranks slice anyway, so that
             # nothing a rank left behind (a daemonised helper) outlives the job.
             self._begin_stop()
-        return self.stop_job is None
+        pumps_done = all(r.pump is None or r.pump.pidfd < 0 for r in self.ranks)
+        return self.stop_job is None and pumps_done and self.output.open_pipes == 0
 
     # -- starting ---------------------------------------------------------
 
@@ -245,17 +255,42 @@ class Watcher:
         for rank in self.ranks:
             if self.interrupt is not None or self.stop_issued:
                 return
-            rank.child = spawn_held(rank.spec.argv, rank.spec.env)
-            rank.born_at = self.clock()
-            self._advance(rank, RankState.HELD)
-            self._watch(rank.child.pidfd, self._exit_handler(rank))
+            self._fork_rank(rank)
+            assert rank.child is not None and rank.pump is not None
             try:
-                self._start_unit(by_unit[rank.spec.unit], (rank.child.pid,), rank)
+                self._start_unit(by_unit[rank.spec.unit], (rank.child.pid, rank.pump.pid), rank)
             except GpulaunchError as exc:
                 self.start_error = exc
                 return
         if not self.stop_issued:
             self._set_phase(Phase.RUNNING)
+
+    def _fork_rank(self, rank: Rank) -> None:
+        """The rank and its log pump, both held at their gates, wired by pipes."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        live_out_r, live_out_w = os.pipe()
+        live_err_r, live_err_w = os.pipe()
+        target = (
+            JournalTarget(identifier=f"rank{rank.spec.rank}", unit=rank.spec.unit)
+            if self.journal
+            else None
+        )
+        try:
+            rank.child = spawn_held(rank.spec.argv, rank.spec.env, {1: out_w, 2: err_w})
+            rank.born_at = self.clock()
+            self._advance(rank, RankState.HELD)
+            self._watch(rank.child.pidfd, self._exit_handler(rank))
+            rank.pump = fork_held(
+                lambda: run_pump({"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target),
+                {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
+            )
+            self._watch(rank.pump.pidfd, self._pump_handler(rank))
+        finally:
+            for fd in (out_r, out_w, err_r, err_w, live_out_w, live_err_w):
+                os.close(fd)
+        self.output.add_pipe(live_out_r, rank.spec.rank, Stream.STDOUT)
+        self.output.add_pipe(live_err_r, rank.spec.rank, Stream.STDERR)
 
     # -- events -----------------------------------------------------------
 
@@ -292,13 +327,23 @@ class Watcher:
             )
             self._begin_stop()
             return
-        assert rank.child is not None
+        assert rank.child is not None and rank.pump is not None
+        rank.pump.release()
         rank.child.release()
         rank.born_at = self.clock()
         self._advance(rank, RankState.RUNNING)
 
     def _exit_handler(self, rank: Rank) -> Callable[[], None]:
         return lambda: self._on_exit(rank)
+
+    def _pump_handler(self, rank: Rank) -> Callable[[], None]:
+        def on_pump_exit() -> None:
+            assert rank.pump is not None
+            reap(rank.pump.pidfd)
+            self._aio.remove_reader(rank.pump.pidfd)
+            rank.pump.close()
+
+        return on_pump_exit
 
     def _on_exit(self, rank: Rank) -> None:
         assert rank.child is not None
@@ -331,8 +376,10 @@ class Watcher:
                 rank.stop_requested = True
             if rank.state is RankState.HELD and rank.child is not None:
                 # Never ran user code: nothing to be graceful about.
-                rank.child.abandon()
-                kill_held(rank.child)
+                for child in (rank.child, rank.pump):
+                    if child is not None:
+                        child.abandon()
+                        kill_held(child)
         self.stop_job = self.sd.stop_unit(self.units.ranks_slice.name)
         self._on_bus()
 
@@ -345,8 +392,7 @@ class Watcher:
 
     def _kill_and_reap_all(self) -> None:
         """On any error path: no child of ours outlives this function."""
-        for rank in self.ranks:
-            child = rank.child
+        for child in [c for r in self.ranks for c in (r.child, r.pump)]:
             if child is None or child.pidfd < 0:
                 continue
             child.abandon()

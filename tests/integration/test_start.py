@@ -325,18 +325,41 @@ def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], j
     uid, env = box_user
     os.chmod(job.dir, 0o777)
     res = job.box.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--init-groups", "env",
-         *[f"{k}={v}" for k, v in env.items()], *job.argv("--nproc", "2", script_args=["--print"])],
-        cwd=str(REPO), capture_output=True, text=True,
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--init-groups",
+            "env",
+            *[f"{k}={v}" for k, v in env.items()],
+            *job.argv("--nproc", "2", script_args=["--print"]),
+        ],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
     )
     assert res.returncode == 0, res.stderr
     user_slice = f"0::/user.slice/user-{uid}.slice/user@{uid}.service/gpulaunch.slice/"
     assert f"rank 1 cgroup {user_slice}{job.names.job_slice}/{job.names.ranks_slice}/" in res.stdout
     leftover = job.box.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--init-groups", "env",
-         *[f"{k}={v}" for k, v in env.items()],
-         "systemctl", "--user", "list-units", "--all", "--plain", "--no-legend", "gpulaunch-*"],
-        capture_output=True, text=True, check=True,
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--init-groups",
+            "env",
+            *[f"{k}={v}" for k, v in env.items()],
+            "systemctl",
+            "--user",
+            "list-units",
+            "--all",
+            "--plain",
+            "--no-legend",
+            "gpulaunch-*",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert job.names.job_slice not in leftover
     assert job.alive() == []
@@ -345,9 +368,20 @@ def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], j
 def test_ordinary_user_without_a_user_manager(job: Job) -> None:
     os.chmod(job.dir, 0o777)
     res = job.box.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-u",
-         "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR=/nonexistent", *job.argv("--nproc", "1")],
-        cwd=str(REPO), capture_output=True, text=True,
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "env",
+            "-u",
+            "DBUS_SESSION_BUS_ADDRESS",
+            "XDG_RUNTIME_DIR=/nonexistent",
+            *job.argv("--nproc", "1"),
+        ],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
     )
     assert res.returncode == 69, res.stderr
     assert "cannot reach your systemd user manager" in res.stderr

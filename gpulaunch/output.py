@@ -1,0 +1,333 @@
+"""Owns the terminal: every rank's lines, prefixed, a live progress line, and `--log-dir` files.
+
+The watcher hands each rank's live pipes (copies made by the rank's log pump)
+to `Output`, which reads them on the watcher's loop. Lines are never mixed:
+each (rank, stream) has its own partial-line buffer and a line is written in
+one piece. Carriage-return updates (tqdm) are shown as one progress line that
+is redrawn in place on a terminal, and only in their final state otherwise.
+
+Writing to a slow terminal must not stall the loop: terminal output is queued
+and written as the terminal accepts it; reading of the rank pipes pauses only
+when a large backlog builds up (the pumps then block, and so the ranks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHUNK = 65536
+MAX_LINE = 1 << 20  # a longer line without newline is shown in pieces of this size
+BACKLOG_PAUSE = 64 << 20  # stop reading rank pipes above this much unwritten terminal output
+BACKLOG_RESUME = 16 << 20
+
+_COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
+_CLEAR_LINE = b"\r\x1b[2K"
+
+
+class Stream(enum.StrEnum):
+    """A rank's output stream."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What the user asked to see: `--ranks`, `--quiet`, `--log-dir`."""
+
+    ranks: frozenset[int] | None = None  # None: every rank
+    quiet: bool = False
+    log_dir: Path | None = None
+
+
+class Terminal:
+    """One output fd (1 or 2), written without blocking the loop where that is possible."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.is_tty = os.isatty(fd)
+        self.pending = bytearray()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer_on = False
+        self.on_drained: Callable[[], None] = lambda: None
+        self.out_fd = self._nonblocking_copy(fd)
+
+    @staticmethod
+    def _nonblocking_copy(fd: int) -> int:
+        """A fresh open file description of the same tty or pipe, in non-blocking mode.
+
+        Setting O_NONBLOCK on fd itself would change it for every process that
+        shares it (the shell, the ranks). Regular files never block: keep fd.
+        """
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return fd
+        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            return fd
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return fd
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def write(self, data: bytes) -> None:
+        self.pending += data
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.pending:
+            try:
+                n = os.write(self.out_fd, self.pending)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # nobody reads the terminal any more
+                    self.pending.clear()
+                    break
+                raise
+            del self.pending[:n]
+        if self.pending and not self._writer_on and self._loop is not None:
+            self._loop.add_writer(self.out_fd, self._flush)
+            self._writer_on = True
+        elif not self.pending and self._writer_on and self._loop is not None:
+            self._loop.remove_writer(self.out_fd)
+            self._writer_on = False
+        if len(self.pending) < BACKLOG_RESUME:
+            self.on_drained()
+
+    def drain(self) -> None:
+        """Write everything still queued, blocking if need be (at the very end)."""
+        if self.out_fd != self.fd:
+            os.set_blocking(self.out_fd, True)
+        self._flush()
+        if self._writer_on and self._loop is not None:
+            self._loop.remove_writer(self.out_fd)
+            self._writer_on = False
+
+    def close(self) -> None:
+        if self.out_fd != self.fd:
+            os.close(self.out_fd)
+            self.out_fd = self.fd
+
+
+@dataclass
+class _LineBuffer:
+    partial: bytearray = field(default_factory=bytearray)
+    lines: int = 0
+
+
+class Output:
+    """Every rank's output: to the terminal (filtered, prefixed), to `--log-dir`, counted."""
+
+    def __init__(
+        self,
+        options: OutputOptions,
+        world_size: int,
+        stdout: Terminal | None = None,
+        stderr: Terminal | None = None,
+    ) -> None:
+        self.options = options
+        self.stdout = stdout or Terminal(1)
+        self.stderr = stderr or Terminal(2)
+        self._width = len(str(max(world_size - 1, 0)))
+        self._color = self.stdout.is_tty and "NO_COLOR" not in os.environ
+        self._buffers: dict[tuple[int, Stream], _LineBuffer] = {}
+        self._pipes: dict[int, tuple[int, Stream]] = {}
+        self._files: dict[int, int] = {}
+        self._status: tuple[Terminal, bytes] | None = None  # the progress line on screen
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._paused = False
+        self._on_change: Callable[[], None] = lambda: None
+        for term in (self.stdout, self.stderr):
+            term.on_drained = self._resume
+        if options.log_dir is not None:
+            options.log_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- wiring -------------------------------------------------------------
+
+    def attach(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[], None]) -> None:
+        """Read pipes on `loop`; call `on_change` when a pipe closes (the watcher re-checks)."""
+        self._loop = loop
+        self._on_change = on_change
+        self.stdout.attach(loop)
+        self.stderr.attach(loop)
+
+    def add_pipe(self, fd: int, rank: int, stream: Stream) -> None:
+        """A live pipe of a rank (read end, owned by Output from now on)."""
+        os.set_blocking(fd, False)
+        self._pipes[fd] = (rank, stream)
+        self._buffers.setdefault((rank, stream), _LineBuffer())
+        if self.options.log_dir is not None and rank not in self._files:
+            path = self.options.log_dir / f"rank{rank}.log"
+            self._files[rank] = os.open(
+                path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+            )
+        if self._loop is not None and not self._paused:
+            self._loop.add_reader(fd, self._read, fd)
+
+    @property
+    def open_pipes(self) -> int:
+        return len(self._pipes)
+
+    def lines(self, rank: int) -> int:
+        """Lines a rank has written so far, stdout and stderr together."""
+        return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
+
+    # -- reading ------------------------------------------------------------
+
+    def _read(self, fd: int) -> None:
+        rank, stream = self._pipes[fd]
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:
+            return
+        if data:
+            self.data(rank, stream, data)
+            return
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
+        os.close(fd)
+        del self._pipes[fd]
+        self.eof(rank, stream)
+        self._on_change()
+
+    def data(self, rank: int, stream: Stream, chunk: bytes) -> None:
+        """A chunk of a rank's output, as it came."""
+        if rank in self._files:
+            os.write(self._files[rank], chunk)
+        buf = self._buffers.setdefault((rank, stream), _LineBuffer())
+        buf.partial += chunk
+        while True:
+            end = buf.partial.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(buf.partial[:end])
+            del buf.partial[: end + 1]
+            buf.lines += 1
+            self._line(rank, stream, line)
+        if len(buf.partial) > MAX_LINE:
+            piece = bytes(buf.partial[:MAX_LINE])
+            del buf.partial[:MAX_LINE]
+            self._line(rank, stream, piece)
+        elif b"\r" in buf.partial:
+            self._progress(rank, stream, bytes(buf.partial))
+        self._maybe_pause()
+
+    def eof(self, rank: int, stream: Stream) -> None:
+        """The stream ended: show a last line that had no newline."""
+        buf = self._buffers.setdefault((rank, stream), _LineBuffer())
+        if buf.partial:
+            buf.lines += 1
+            line = bytes(buf.partial)
+            buf.partial.clear()
+            self._line(rank, stream, line)
+
+    # -- showing ------------------------------------------------------------
+
+    def _shown(self, rank: int) -> bool:
+        return not self.options.quiet and (self.options.ranks is None or rank in self.options.ranks)
+
+    def _prefix(self, rank: int) -> bytes:
+        tag = f"[{rank:>{self._width}}]"
+        if self._color:
+            tag = f"\x1b[{_COLORS[rank % len(_COLORS)]}m{tag}\x1b[0m"
+        return tag.encode() + b" "
+
+    def _terminal(self, stream: Stream) -> Terminal:
+        return self.stdout if stream is Stream.STDOUT else self.stderr
+
+    def _line(self, rank: int, stream: Stream, line: bytes) -> None:
+        if not self._shown(rank):
+            return
+        # What a terminal would finally show of a line redrawn with carriage returns.
+        visible = line.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+        self._clear_status()
+        self._terminal(stream).write(self._prefix(rank) + visible + b"\n")
+
+    def _progress(self, rank: int, stream: Stream, partial: bytes) -> None:
+        term = self._terminal(stream)
+        if not self._shown(rank) or not term.is_tty:
+            return  # off a terminal, only the final state of the line is shown
+        current = partial.rsplit(b"\r", 1)[-1] or partial.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+        self._clear_status()
+        text = self._prefix(rank) + current
+        term.write(text)
+        self._status = (term, text)
+
+    def _clear_status(self) -> None:
+        if self._status is not None:
+            self._status[0].write(_CLEAR_LINE)
+            self._status = None
+
+    def message(self, text: str) -> None:
+        """A line of gpulaunch's own (warnings, the report) on stderr, between rank lines."""
+        self._clear_status()
+        self.stderr.write(text.encode() + b"\n")
+
+    # -- backpressure -------------------------------------------------------
+
+    def _backlog(self) -> int:
+        return len(self.stdout.pending) + len(self.stderr.pending)
+
+    def _maybe_pause(self) -> None:
+        if self._paused or self._loop is None or self._backlog() < BACKLOG_PAUSE:
+            return
+        self._paused = True
+        for fd in self._pipes:
+            self._loop.remove_reader(fd)
+
+    def _resume(self) -> None:
+        if not self._paused or self._loop is None or self._backlog() >= BACKLOG_RESUME:
+            return
+        self._paused = False
+        for fd in self._pipes:
+            self._loop.add_reader(fd, self._read, fd)
+
+    # -- the end ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush everything (blocking) and release pipes, files and terminal copies."""
+        for fd in list(self._pipes):
+            if self._loop is not None and not self._paused:
+                self._loop.remove_reader(fd)
+            os.close(fd)
+        self._pipes.clear()
+        self._clear_status()
+        for term in (self.stdout, self.stderr):
+            term.drain()
+            term.close()
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+
+def parse_ranks(text: str) -> frozenset[int]:
+    """`0`, `0,3`, `0-3,8` -> a set of ranks (like torchrun's --local-ranks-filter, plus ranges)."""
+    ranks: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"not a rank or range: {part!r}")
+        first, last = int(low), int(high or low)
+        if last < first:
+            raise ValueError(f"empty range: {part!r}")
+        ranks.update(range(first, last + 1))
+    if not ranks:
+        raise ValueError("no ranks given")
+    return frozenset(ranks)
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    return ",".join(map(str, sorted(ranks)))
