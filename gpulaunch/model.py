@@ -29,6 +29,10 @@ class RankSpec:
     unit: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
+    # Placement (gpulaunch/placement.py): the GPU's index, AllowedCPUs=, DeviceAllow= rules.
+    gpu: int | None = None
+    cpus: str | None = None
+    device_allow: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,15 @@ class Cause(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class LogDrop:
+    """journald kept fewer of a rank's lines than the rank wrote (its rate limit)."""
+
+    rank: int
+    written: int
+    stored: int
+
+
+@dataclass(frozen=True)
 class JobReport:
     """The outcome of a job: what the watcher prints, publishes and records."""
 
@@ -162,6 +175,7 @@ class JobReport:
     interrupt_signal: int | None
     ranks: tuple[RankResult, ...] = field(default_factory=tuple)
     error: str | None = None
+    log_drops: tuple[LogDrop, ...] = ()
 
 
 @dataclass(frozen=True)

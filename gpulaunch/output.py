@@ -215,11 +215,11 @@ class Output:
             del buf.partial[: end + 1]
             buf.lines += 1
             self._line(rank, stream, line)
-        if len(buf.partial) > MAX_LINE:
+        while len(buf.partial) > MAX_LINE:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
             self._line(rank, stream, piece)
-        elif b"\r" in buf.partial:
+        if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
         self._maybe_pause()
 

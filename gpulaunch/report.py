@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
 
+JOURNALD_DROP_IN = "packaging/journald/60-gpulaunch.conf"
+
 
 def headline(report: JobReport) -> str:
     """One line: what happened to the job and its status."""
@@ -56,4 +58,11 @@ def format_report(report: JobReport) -> str:
         "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+    for drop in report.log_drops:
+        lines.append(
+            f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "
+            f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); the live view and "
+            f"--log-dir have all of them. To keep every line in the journal, install "
+            f"{JOURNALD_DROP_IN} into /etc/systemd/journald.conf.d/ and restart systemd-journald"
+        )
     return "\n".join(lines)

@@ -49,13 +49,18 @@ class Job:
         ]
 
     def run(
-        self, *opts: str, script_args: Sequence[str] = (), timeout: float = 120, **kw: Any
-    ) -> subprocess.CompletedProcess[str]:
+        self,
+        *opts: str,
+        script_args: Sequence[str] = (),
+        timeout: float = 120,
+        text: bool = True,
+        **kw: Any,
+    ) -> subprocess.CompletedProcess[Any]:
         return self.box.run(
             self.argv(*opts, script_args=script_args, **kw),
             cwd=str(REPO),
             capture_output=True,
-            text=True,
+            text=text,
             timeout=timeout,
         )
 

@@ -1,0 +1,128 @@
+"""Output's line handling, with terminals that are plain pipes or files (no loop needed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpulaunch.output import Output, OutputOptions, Stream, Terminal, parse_ranks
+
+
+class Screen:
+    """A file standing in for a terminal; `read()` returns what was written since the last read."""
+
+    def __init__(self, tty: bool = False) -> None:
+        self.fd = os.memfd_create("screen")
+        self.term = Terminal(self.fd)
+        self.term.is_tty = tty
+        self._seen = 0
+
+    def read(self) -> bytes:
+        data = os.pread(self.fd, 1 << 30, self._seen)
+        self._seen += len(data)
+        return data
+
+
+def make(
+    options: OutputOptions | None = None, world: int = 4, tty: bool = False
+) -> tuple[Output, Screen, Screen]:
+    out, err = Screen(tty), Screen(tty)
+    return Output(options or OutputOptions(), world, out.term, err.term), out, err
+
+
+def test_lines_are_prefixed_and_never_mixed() -> None:
+    o, out, err = make()
+    o.data(0, Stream.STDOUT, b"hel")
+    o.data(1, Stream.STDOUT, b"world\nsec")
+    o.data(0, Stream.STDOUT, b"lo\n")
+    o.data(1, Stream.STDERR, b"oops\n")
+    o.data(1, Stream.STDOUT, b"ond\n")
+    assert out.read() == b"[1] world\n[0] hello\n[1] second\n"
+    assert err.read() == b"[1] oops\n"
+    assert (o.lines(0), o.lines(1)) == (1, 3)
+
+
+def test_partial_last_line_is_shown_at_eof() -> None:
+    o, out, _ = make()
+    o.data(2, Stream.STDOUT, b"no newline")
+    assert out.read() == b""
+    o.eof(2, Stream.STDOUT)
+    assert out.read() == b"[2] no newline\n"
+    assert o.lines(2) == 1
+
+
+def test_prefix_width_follows_world_size() -> None:
+    o, out, _ = make(world=12)
+    o.data(3, Stream.STDOUT, b"x\n")
+    o.data(11, Stream.STDOUT, b"y\n")
+    assert out.read() == b"[ 3] x\n[11] y\n"
+
+
+def test_carriage_returns_off_a_terminal_show_only_the_final_state() -> None:
+    o, _, err = make()
+    for i in range(100):
+        o.data(0, Stream.STDERR, b"\r%3d%%" % i)
+    o.data(0, Stream.STDERR, b"\r100%\n")
+    assert err.read() == b"[0] 100%\n"
+
+
+def test_carriage_returns_on_a_terminal_redraw_one_line() -> None:
+    o, out, err = make(tty=True)
+    o.data(0, Stream.STDERR, b"\r 10%")
+    o.data(0, Stream.STDERR, b"\r 20%")
+    o.data(1, Stream.STDOUT, b"a line\n")
+    o.data(0, Stream.STDERR, b"\r100%\n")
+    screen = err.read()
+    # drawn, redrawn, cleared for the other rank's line, then the final line
+    assert screen.count(b"\r\x1b[2K") == 2
+    assert screen.endswith(b"100%\n")
+    assert b"a line" in out.read()
+
+
+def test_crlf_line_endings_are_kept_readable() -> None:
+    o, out, _ = make()
+    o.data(0, Stream.STDOUT, b"windows\r\n")
+    assert out.read() == b"[0] windows\n"
+
+
+def test_rank_filter_quiet_and_log_dir(tmp_path: Path) -> None:
+    o, out, _ = make(OutputOptions(ranks=frozenset({1}), log_dir=tmp_path))
+    r0, w0 = os.pipe()
+    r1, w1 = os.pipe()
+    o.add_pipe(r0, 0, Stream.STDOUT)
+    o.add_pipe(r1, 1, Stream.STDOUT)
+    o.data(0, Stream.STDOUT, b"zero\n")
+    o.data(1, Stream.STDOUT, b"one\n")
+    assert out.read() == b"[1] one\n"
+    o.close()
+    os.close(w0)
+    os.close(w1)
+    assert (tmp_path / "rank0.log").read_bytes() == b"zero\n"
+    assert (tmp_path / "rank1.log").read_bytes() == b"one\n"
+    q, qout, _ = make(OutputOptions(quiet=True))
+    q.data(0, Stream.STDOUT, b"x\n")
+    assert qout.read() == b"" and q.lines(0) == 1
+
+
+def test_a_huge_line_without_newline_is_shown_in_pieces() -> None:
+    o, out, _ = make()
+    o.data(0, Stream.STDOUT, b"x" * (3 << 20))
+    o.eof(0, Stream.STDOUT)
+    shown = out.read()
+    assert shown.count(b"[0] ") == 3 and len(shown) == (3 << 20) + 3 * 5
+
+
+@pytest.mark.parametrize(
+    ("text", "ranks"),
+    [("0", {0}), ("0,3", {0, 3}), ("0-2,5", {0, 1, 2, 5}), (" 1 , 2 ", {1, 2})],
+)
+def test_parse_ranks(text: str, ranks: set[int]) -> None:
+    assert parse_ranks(text) == frozenset(ranks)
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "1-x", "-1"])
+def test_parse_ranks_errors(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_ranks(text)
