@@ -49,6 +49,12 @@ class UnknownJobError(GpulaunchError):
     exit_code = 3
 
 
+class JobLostError(GpulaunchError):
+    """A job's watcher went away without saying how the job ended (it was killed)."""
+
+    exit_code = 76  # EX_PROTOCOL
+
+
 class TemplateError(GpulaunchError):
     """A unit template or one of its settings is wrong."""
 

@@ -35,3 +35,12 @@ fi
 # torch is pinned to the 2.13.0 CPU build in the test extra; a bare `torch`
 # would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# gpulaunch's D-Bus policy: the watcher of a system job (root) may own
+# io.gpulaunch.job.*, and anyone may read jobs (docs/dbus.md). dbus-daemon
+# notices the new file by itself.
+POLICY=/etc/dbus-1/system.d/io.gpulaunch.conf
+if ! cmp -s packaging/dbus/io.gpulaunch.conf "$POLICY"; then
+    echo "setup: installing $POLICY" >&2
+    install -D -m 0644 packaging/dbus/io.gpulaunch.conf "$POLICY"
+fi

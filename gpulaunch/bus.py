@@ -1,0 +1,438 @@
+"""The job on the bus: its watcher publishes it while it runs (docs/dbus.md).
+
+`JobPublisher` is a watcher `Observer`. Before anything starts it connects to
+the bus the job runs under (the system bus for the system manager, the user's
+session bus for a user manager) and owns `io.gpulaunch.job.<label>`; then it
+serves one object, `/io/gpulaunch/job/<label>`, with interface
+`io.gpulaunch.Job1`, sends `PropertiesChanged` as the job changes, a
+`RankExited` signal per rank and `Finished` at the end, and disconnects.
+
+The object is served by one message handler rather than dbus-fast's
+`ServiceInterface`: its introspection data is the XML shipped in
+`packaging/dbus/` (one source of truth), and `Stop` needs the caller's
+credentials, which `ServiceInterface` methods never see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dbus_fast import (
+    BusType,
+    DBusError,
+    Message,
+    MessageFlag,
+    MessageType,
+    NameFlag,
+    RequestNameReply,
+    Variant,
+)
+from dbus_fast.aio import MessageBus
+from dbus_fast.errors import AuthError, InvalidAddressError
+
+from gpulaunch.errors import (
+    AccessDeniedError,
+    GpulaunchError,
+    JobExistsError,
+    NoSystemdError,
+)
+from gpulaunch.jobview import (
+    INTERFACE,
+    RANK_SIGNATURE,
+    JobView,
+    RankView,
+    bus_name,
+    bus_title,
+    object_path,
+)
+from gpulaunch.model import JobReport, Manager
+
+if TYPE_CHECKING:
+    from gpulaunch.watcher import Rank, Watcher
+
+DBUS = "org.freedesktop.DBus"
+DBUS_PATH = "/org/freedesktop/DBus"
+PROPERTIES = "org.freedesktop.DBus.Properties"
+INTROSPECTABLE = "org.freedesktop.DBus.Introspectable"
+ACCESS_DENIED = "org.freedesktop.DBus.Error.AccessDenied"
+
+# Signal signatures (packaging/dbus/io.gpulaunch.Job1.xml has their argument names).
+RANK_EXITED_SIGNATURE = "isiibi"
+FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
+
+CONNECT_TIMEOUT = 5.0  # seconds to connect and own the name before the job starts
+FINISH_BUDGET = 1.5  # of the watcher's 2 s for `finished`: never make it raise
+
+_STANDARD_INTERFACES = """\
+  <interface name="org.freedesktop.DBus.Peer">
+    <method name="Ping"/>
+    <method name="GetMachineId"><arg name="machine_uuid" type="s" direction="out"/></method>
+  </interface>
+  <interface name="org.freedesktop.DBus.Introspectable">
+    <method name="Introspect"><arg name="xml_data" type="s" direction="out"/></method>
+  </interface>
+  <interface name="org.freedesktop.DBus.Properties">
+    <method name="Get">
+      <arg name="interface_name" type="s" direction="in"/>
+      <arg name="property_name" type="s" direction="in"/>
+      <arg name="value" type="v" direction="out"/>
+    </method>
+    <method name="GetAll">
+      <arg name="interface_name" type="s" direction="in"/>
+      <arg name="props" type="a{sv}" direction="out"/>
+    </method>
+    <method name="Set">
+      <arg name="interface_name" type="s" direction="in"/>
+      <arg name="property_name" type="s" direction="in"/>
+      <arg name="value" type="v" direction="in"/>
+    </method>
+    <signal name="PropertiesChanged">
+      <arg name="interface_name" type="s"/>
+      <arg name="changed_properties" type="a{sv}"/>
+      <arg name="invalidated_properties" type="as"/>
+    </signal>
+  </interface>
+"""
+
+
+def packaging_dir() -> Path:
+    """`packaging/dbus` inside the installed package (a wheel), else in the repository."""
+    package = Path(__file__).resolve().parent
+    packaged = package / "packaging" / "dbus"
+    return packaged if packaged.is_dir() else package.parent / "packaging" / "dbus"
+
+
+def interface_xml() -> str:
+    """The introspection data of io.gpulaunch.Job1, as shipped."""
+    return (packaging_dir() / f"{INTERFACE}.xml").read_text()
+
+
+POLICY_FILE = "io.gpulaunch.conf"
+POLICY_DIR = Path("/etc/dbus-1/system.d")
+
+
+def bus_address(manager: Manager) -> str:
+    """The bus a job of this manager lives on, found as sd-bus finds it."""
+    if manager is Manager.SYSTEM:
+        return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket"
+    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
+    if address:
+        return address
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    return f"unix:path={runtime}/bus"
+
+
+async def connect(manager: Manager) -> MessageBus:
+    """Connect to the job's bus, or raise NoSystemdError naming it."""
+    address = bus_address(manager)
+    try:
+        bus = MessageBus(bus_address=address, bus_type=BusType.SYSTEM, auth_timeout=CONNECT_TIMEOUT)
+        return await asyncio.wait_for(bus.connect(), CONNECT_TIMEOUT)
+    except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        if manager is Manager.SYSTEM:
+            hint = "is dbus running? gpulaunch needs the system bus that systemd uses"
+        else:
+            hint = (
+                "log in through a session that starts user@$UID.service (it runs the "
+                "session bus), or set DBUS_SESSION_BUS_ADDRESS; as root, use --system"
+            )
+        raise NoSystemdError(
+            f"cannot reach {bus_title(manager)} at {address} ({reason})", hint
+        ) from None
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """A send's outcome nobody awaits (a lost bus is not the job's problem)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+class JobPublisher:
+    """Publishes one job on the bus while its watcher runs; a watcher `Observer`."""
+
+    def __init__(self, warn: Callable[[str], None] | None = None) -> None:
+        self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
+        self._watcher: Watcher | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._bus: MessageBus | None = None
+        self._report: JobReport | None = None
+        self._dirty: set[str] = set()
+        self._sent: dict[str, Any] = {}  # the values PropertiesChanged last announced
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._xml = ""
+        self.name = ""
+        self.path = ""
+        self.owner = os.getuid()
+
+    # -- Observer -----------------------------------------------------------
+
+    def attach(self, watcher: Watcher, loop: asyncio.AbstractEventLoop) -> None:
+        self._watcher = watcher
+        self._loop = loop
+        self.name = bus_name(watcher.spec.job)
+        self.path = object_path(watcher.spec.job)
+        self._xml = interface_xml().replace("</node>", _STANDARD_INTERFACES + "</node>")
+        self._sent = {
+            name: value for name, (_, value) in JobView.of_watcher(watcher).properties().items()
+        }
+        self._bus = loop.run_until_complete(self._open(watcher.spec.job, watcher.spec.manager))
+
+    def changed(self, rank: Rank | None) -> None:
+        if self._bus is None:
+            return
+        self._dirty.update(("Ranks",) if rank is not None else ("State", "Ranks"))
+        if rank is not None and rank.exit is not None and not rank.state.alive:
+            self._flush()  # the property first, so a reader woken by the signal sees it
+            self._signal_rank_exited(rank)
+        elif not self._flush_scheduled and self._loop is not None:
+            # Coalesce a burst (every rank forked in one go) into one signal.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    async def finished(self, report: JobReport) -> None:
+        if self._bus is None:
+            return
+        self._report = report
+        try:
+            await asyncio.wait_for(self._finish(), FINISH_BUDGET)
+        except Exception as exc:  # the job's status matters more than its publication
+            self._warn(f"could not publish the end of the job on the bus: {exc!r}")
+
+    # -- connecting ---------------------------------------------------------
+
+    async def _open(self, job: str, manager: Manager) -> MessageBus:
+        bus = await connect(manager)
+        try:
+            bus.add_message_handler(self._on_message)
+            reply = await asyncio.wait_for(
+                bus.request_name(self.name, NameFlag.DO_NOT_QUEUE), CONNECT_TIMEOUT
+            )
+        except DBusError as exc:
+            await self._disconnect(bus)
+            raise self._name_error(job, manager, exc) from None
+        except BaseException:
+            await self._disconnect(bus)
+            raise
+        if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
+            await self._disconnect(bus)
+            raise JobExistsError(
+                f"a job named {job!r} is already running ({self.name} on {bus_title(manager)})",
+                f"choose another --job, or stop that one: gpulaunch stop {shlex.quote(job)}",
+            )
+        return bus
+
+    def _name_error(self, job: str, manager: Manager, exc: DBusError) -> GpulaunchError:
+        where = bus_title(manager)
+        if exc.type != ACCESS_DENIED:
+            return NoSystemdError(f"{where} refused to publish job {job!r}: {exc.text}")
+        if manager is Manager.SYSTEM and os.geteuid() == 0:
+            policy = packaging_dir() / POLICY_FILE
+            return AccessDeniedError(
+                f"the system bus does not let gpulaunch publish job {job!r} (access denied): "
+                "gpulaunch's D-Bus policy is not installed",
+                f"install it: cp {policy} {POLICY_DIR}/ (bash scripts/setup.sh does)",
+            )
+        if manager is Manager.SYSTEM:
+            return AccessDeniedError(
+                f"the system bus refused to let uid {os.geteuid()} publish job {job!r}: "
+                "access denied (only root runs system jobs)",
+                "use --user to run the job under your own user manager",
+            )
+        return AccessDeniedError(f"{where} refused to publish job {job!r}: {exc.text}")
+
+    @staticmethod
+    async def _disconnect(bus: MessageBus) -> None:
+        if bus.connected:
+            bus.disconnect()
+            try:
+                await asyncio.wait_for(bus.wait_for_disconnect(), CONNECT_TIMEOUT)  # type: ignore[no-untyped-call]
+            except Exception:
+                pass
+
+    # -- publishing ---------------------------------------------------------
+
+    def _view(self) -> JobView:
+        assert self._watcher is not None
+        return JobView.of_watcher(self._watcher, self._report)
+
+    def _send(self, msg: Message) -> asyncio.Future[Any] | None:
+        if self._bus is None or not self._bus.connected:
+            return None
+        fut: asyncio.Future[Any] = self._bus.send(msg)
+        fut.add_done_callback(_consume)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._dirty:
+            return
+        props = self._view().properties()
+        dirty = sorted(n for n in self._dirty if self._sent.get(n) != props[n][1])
+        self._dirty.clear()
+        if not dirty:
+            return
+        changed = {name: Variant(*props[name]) for name in dirty}
+        self._sent.update((name, props[name][1]) for name in dirty)
+        self._send(
+            Message.new_signal(
+                self.path, PROPERTIES, "PropertiesChanged", "sa{sv}as", [INTERFACE, changed, []]
+            )
+        )
+
+    def _signal_rank_exited(self, rank: Rank) -> None:
+        view = RankView.of_rank(rank)
+        self._send(
+            Message.new_signal(
+                self.path,
+                INTERFACE,
+                "RankExited",
+                RANK_EXITED_SIGNATURE,
+                [
+                    view.rank,
+                    view.state,
+                    view.exit_code,
+                    view.signal,
+                    view.stopped_by_watcher,
+                    view.status,
+                ],
+            )
+        )
+
+    async def _finish(self) -> None:
+        view = self._view()
+        self._dirty.update(view.properties())
+        self._flush()
+        sent = self._send(
+            Message.new_signal(
+                self.path,
+                INTERFACE,
+                "Finished",
+                FINISHED_SIGNATURE,
+                [
+                    view.state.value,
+                    view.status,
+                    view.cause,
+                    view.cause_rank,
+                    [r.wire() for r in view.ranks],
+                ],
+            )
+        )
+        if sent is not None:
+            await sent  # on the wire before we let go of the name
+        bus, self._bus = self._bus, None
+        if bus is not None:
+            await self._disconnect(bus)
+
+    # -- serving ------------------------------------------------------------
+
+    def _on_message(self, msg: Message) -> Message | bool | None:
+        if msg.message_type is not MessageType.METHOD_CALL:
+            return None
+        no_reply = bool(msg.flags & MessageFlag.NO_REPLY_EXPECTED)
+        reply = self._dispatch(msg)
+        if reply is None or isinstance(reply, bool):
+            return reply
+        return True if no_reply else reply
+
+    def _dispatch(self, msg: Message) -> Message | bool | None:
+        iface, member = msg.interface, msg.member
+        if msg.path != self.path:
+            if member == "Introspect" and iface in (None, INTROSPECTABLE):
+                child = _child_node(self.path, msg.path or "")
+                if child is not None:
+                    xml = f'<node>\n{_STANDARD_INTERFACES}  <node name="{child}"/>\n</node>\n'
+                    return Message.new_method_return(msg, "s", [xml])
+            return None
+        if member == "Introspect" and iface in (None, INTROSPECTABLE):
+            return Message.new_method_return(msg, "s", [self._xml])
+        if iface == PROPERTIES or (iface is None and member in ("Get", "GetAll", "Set")):
+            return self._properties(msg)
+        if member == "Stop" and iface in (None, INTERFACE) and msg.signature == "":
+            assert self._loop is not None
+            task = self._loop.create_task(self._stop(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return True
+        if iface in (INTERFACE, INTROSPECTABLE):
+            return Message.new_error(
+                msg,
+                "org.freedesktop.DBus.Error.UnknownMethod",
+                f"{iface}.{member} with signature {msg.signature!r} does not exist",
+            )
+        return None  # Peer and the rest: dbus-fast answers
+
+    def _properties(self, msg: Message) -> Message:
+        member, body = msg.member, msg.body
+        if member == "Set":
+            return Message.new_error(
+                msg, "org.freedesktop.DBus.Error.PropertyReadOnly", "the properties are read-only"
+            )
+        if member not in ("Get", "GetAll") or not body or not isinstance(body[0], str):
+            return Message.new_error(
+                msg, "org.freedesktop.DBus.Error.InvalidArgs", f"bad call of Properties.{member}"
+            )
+        if body[0] not in ("", INTERFACE):
+            return Message.new_error(
+                msg, "org.freedesktop.DBus.Error.UnknownInterface", f"no interface {body[0]}"
+            )
+        props = self._view().properties()
+        if member == "GetAll":
+            return Message.new_method_return(
+                msg, "a{sv}", [{k: Variant(*v) for k, v in props.items()}]
+            )
+        if msg.signature != "ss" or body[1] not in props:
+            return Message.new_error(
+                msg, "org.freedesktop.DBus.Error.UnknownProperty", f"no property {body[1:]!r}"
+            )
+        return Message.new_method_return(msg, "v", [Variant(*props[body[1]])])
+
+    async def _stop(self, msg: Message) -> None:
+        try:
+            answer = await self._try_stop(msg)
+        except Exception as exc:  # a task's exception would only be logged, late
+            self._warn(f"Stop() from {msg.sender} failed: {exc!r}")
+            answer = Message.new_error(msg, "org.freedesktop.DBus.Error.Failed", repr(exc))
+        if not msg.flags & MessageFlag.NO_REPLY_EXPECTED:
+            self._send(answer)
+
+    async def _try_stop(self, msg: Message) -> Message:
+        """Stop(): only the job's owner or root; the caller's uid comes from the bus."""
+        assert self._bus is not None and self._watcher is not None
+        query = Message(
+            destination=DBUS,
+            path=DBUS_PATH,
+            interface=DBUS,
+            member="GetConnectionUnixUser",
+            signature="s",
+            body=[msg.sender],
+        )
+        reply = await self._bus.call(query)
+        if reply.message_type is not MessageType.METHOD_RETURN:
+            return Message.new_error(
+                msg, ACCESS_DENIED, f"cannot tell who is calling: {reply.error_name}"
+            )
+        if reply.body[0] not in (0, self.owner):
+            return Message.new_error(
+                msg,
+                ACCESS_DENIED,
+                f"uid {reply.body[0]} is neither the owner of job {self._watcher.spec.job!r} "
+                f"(uid {self.owner}) nor root",
+            )
+        self._watcher.request_stop()
+        return Message.new_method_return(msg)
+
+
+def _child_node(path: str, parent: str) -> str | None:
+    """The element of `path` right below `parent`, if `parent` is one of its ancestors."""
+    prefix = parent.rstrip("/") + "/"
+    if not path.startswith(prefix) or parent == path:
+        return None
+    return path[len(prefix) :].split("/", 1)[0]

@@ -1,0 +1,329 @@
+"""A job as seen from outside: its names on the bus, and the one record shape it has
+on the bus, in its journal record and in `gpulaunch status` (docs/dbus.md).
+
+Pure data and functions: no bus, no journal.
+
+Bus names and object paths admit only `[A-Za-z0-9_]` in a label (and a bus name
+label must not begin with a digit), so a job id is escaped like systemd's
+`bus_label_escape`: every other byte becomes `_XX` (two lowercase hex digits),
+and a leading digit is escaped too. Over-long labels keep a readable head and
+end in `_h` plus a hash of the whole id (`_h` never occurs in an escaped label).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpulaunch.model import Cause, JobReport, Manager, RankExit, RankResult, RankState
+
+if TYPE_CHECKING:
+    from gpulaunch.watcher import Rank, Watcher
+
+INTERFACE = "io.gpulaunch.Job1"
+NAME_PREFIX = "io.gpulaunch.job"
+PATH_PREFIX = "/io/gpulaunch/job"
+
+_BUS_NAME_MAX = 255
+_LABEL_MAX = _BUS_NAME_MAX - len(NAME_PREFIX) - 1
+_PLAIN = re.compile(rb"[A-Za-z0-9]")
+
+# The D-Bus type of one rank entry: the `Ranks` property, the `Finished` signal.
+RANK_SIGNATURE = "(iisusiibid)"
+
+
+def bus_label(job: str) -> str:
+    """Escape a job id into one bus-name element / object-path element."""
+    raw = job.encode("utf-8", "surrogateescape")
+    out = []
+    for i, byte in enumerate(raw):
+        char = bytes([byte])
+        if _PLAIN.fullmatch(char) and not (i == 0 and char.isdigit()):
+            out.append(char.decode())
+        else:
+            out.append(f"_{byte:02x}")
+    label = "".join(out) or "_"
+    if len(label) > _LABEL_MAX:
+        digest = hashlib.sha256(raw).hexdigest()[:32]
+        head = label[: _LABEL_MAX - len(digest) - 2]
+        cut = head.rfind("_")
+        if cut >= len(head) - 2:  # never cut an escape in half
+            head = head[:cut]
+        label = f"{head}_h{digest}"
+    return label
+
+
+def bus_name(job: str) -> str:
+    """The well-known name a job's watcher owns: `io.gpulaunch.job.<label>`."""
+    return f"{NAME_PREFIX}.{bus_label(job)}"
+
+
+def object_path(job: str) -> str:
+    """The job's object: `/io/gpulaunch/job/<label>`."""
+    return f"{PATH_PREFIX}/{bus_label(job)}"
+
+
+def is_job_name(name: str) -> bool:
+    return name.startswith(NAME_PREFIX + ".")
+
+
+def bus_title(manager: Manager) -> str:
+    """Where a job of this manager is published, in words."""
+    return "the system bus" if manager is Manager.SYSTEM else "your session bus"
+
+
+class JobState(enum.StrEnum):
+    """The job's life as the bus shows it."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED)
+
+    @classmethod
+    def of_report(cls, report: JobReport) -> JobState:
+        ok = report.cause is Cause.SUCCEEDED and report.status == 0
+        return cls.SUCCEEDED if ok else cls.FAILED
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank: the `(iisusiibid)` struct on the bus, an object in the record's JSON.
+
+    `pid` is 0 before the rank was forked; `exit_code` is -1 and `signal` 0
+    unless it exited that way; `status` (the shell's view: code or 128+N) is -1
+    while it runs; `runtime` is 0.0 while it runs.
+    """
+
+    rank: int
+    local_rank: int
+    unit: str
+    pid: int
+    state: str
+    exit_code: int
+    signal: int
+    stopped_by_watcher: bool
+    status: int
+    runtime: float
+
+    def wire(self) -> list[Any]:
+        return [
+            self.rank,
+            self.local_rank,
+            self.unit,
+            self.pid,
+            self.state,
+            self.exit_code,
+            self.signal,
+            self.stopped_by_watcher,
+            self.status,
+            self.runtime,
+        ]
+
+    @classmethod
+    def from_wire(cls, item: Sequence[Any]) -> RankView:
+        rank, local, unit, pid, state, code, sig, stopped, status, runtime = item
+        return cls(
+            rank=int(rank),
+            local_rank=int(local),
+            unit=str(unit),
+            pid=int(pid),
+            state=str(state),
+            exit_code=int(code),
+            signal=int(sig),
+            stopped_by_watcher=bool(stopped),
+            status=int(status),
+            runtime=float(runtime),
+        )
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RankView:
+        return cls.from_wire([obj[f] for f in _RANK_FIELDS])
+
+    @classmethod
+    def of_rank(cls, rank: Rank) -> RankView:
+        ex = rank.exit
+        return cls(
+            rank=rank.spec.rank,
+            local_rank=rank.spec.local_rank,
+            unit=rank.spec.unit,
+            pid=rank.child.pid if rank.child is not None else 0,
+            state=rank.state.value,
+            exit_code=-1 if ex is None or ex.code is None else ex.code,
+            signal=0 if ex is None or ex.signal is None else ex.signal,
+            stopped_by_watcher=ex.stopped_by_watcher if ex is not None else rank.stop_requested,
+            status=-1 if ex is None else ex.status,
+            runtime=0.0 if ex is None else ex.runtime,
+        )
+
+    def result(self) -> RankResult:
+        """Back to the report's form (for `format_report`)."""
+        ended = self.state in (RankState.EXITED, RankState.STOPPED)
+        return RankResult(
+            rank=self.rank,
+            unit=self.unit,
+            pid=self.pid or None,
+            exit=RankExit(
+                code=self.exit_code if self.exit_code >= 0 else None,
+                signal=self.signal or None,
+                stopped_by_watcher=self.stopped_by_watcher,
+                observed_at=0.0,
+                runtime=self.runtime,
+            )
+            if ended
+            else None,
+        )
+
+
+_RANK_FIELDS = tuple(RankView.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job: live from its watcher on the bus, or final from its journal record.
+
+    `status` is -1, `cause` "" and `cause_rank` -1 until the job ended.
+    `error` says why the job could not start; `cause_error` is the cause rank's
+    traceback or last stderr lines (from `cause_error_source`). `ended_at` (µs
+    since the epoch) comes from the record only.
+    """
+
+    job: str
+    slice: str
+    manager: str
+    owner: int
+    watcher_pid: int
+    state: JobState
+    world_size: int
+    ranks: tuple[RankView, ...]
+    status: int = -1
+    cause: str = ""
+    cause_rank: int = -1
+    error: str = ""
+    restarts: int = 0
+    cause_error: str = ""
+    cause_error_source: str = ""
+    ended_at: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "slice": self.slice,
+            "manager": self.manager,
+            "owner": self.owner,
+            "watcher_pid": self.watcher_pid,
+            "state": self.state.value,
+            "world_size": self.world_size,
+            "status": None if self.status < 0 else self.status,
+            "cause": self.cause or None,
+            "cause_rank": None if self.cause_rank < 0 else self.cause_rank,
+            "error": self.error or None,
+            "restarts": self.restarts,
+            "cause_error": self.cause_error or None,
+            "cause_error_source": self.cause_error_source or None,
+            "ended_at_usec": self.ended_at or None,
+            "ranks": [ranks_json(r) for r in self.ranks],
+        }
+
+    def report(self) -> JobReport:
+        """The final report (for `format_report`); only for an ended job."""
+        cause = Cause(self.cause) if self.cause else Cause.START_FAILED
+        return JobReport(
+            job=self.job,
+            status=self.status,
+            cause=cause,
+            cause_rank=self.cause_rank if self.cause_rank >= 0 else None,
+            interrupt_signal=self.status - 128 if cause is Cause.INTERRUPTED else None,
+            ranks=tuple(
+                dataclasses.replace(
+                    r.result(),
+                    error=self.cause_error or None,
+                    error_source=self.cause_error_source or None,
+                )
+                if r.rank == self.cause_rank
+                else r.result()
+                for r in self.ranks
+            ),
+            error=self.error or None,
+            restarts=self.restarts,
+        )
+
+    @classmethod
+    def of_watcher(cls, watcher: Watcher, report: JobReport | None = None) -> JobView:
+        """The live view; with `report`, the final one."""
+        from gpulaunch.watcher import Phase  # not at the top: clients need no pystemd
+
+        spec = watcher.spec
+        if report is not None:
+            state = JobState.of_report(report)
+        elif watcher.phase is Phase.DONE:
+            state = JobState.STOPPING  # the report is on its way
+        else:
+            state = JobState(watcher.phase.value)
+        ranks = report.ranks if report is not None else ()
+        cause = next((r for r in ranks if report and r.rank == report.cause_rank), None)
+        return cls(
+            job=spec.job,
+            slice=spec.names.job_slice,
+            manager=spec.manager.value,
+            owner=os.getuid(),
+            watcher_pid=os.getpid(),
+            state=state,
+            world_size=spec.world_size,
+            ranks=tuple(RankView.of_rank(r) for r in watcher.ranks),
+            status=-1 if report is None else report.status,
+            cause="" if report is None else report.cause.value,
+            cause_rank=-1 if report is None or report.cause_rank is None else report.cause_rank,
+            error="" if report is None or report.error is None else report.error,
+            restarts=watcher.attempt,
+            cause_error=(cause.error or "") if cause else "",
+            cause_error_source=(cause.error_source or "") if cause else "",
+        )
+
+    def properties(self) -> dict[str, tuple[str, Any]]:
+        """The D-Bus properties of interface io.gpulaunch.Job1: name -> (signature, value)."""
+        return {
+            "Id": ("s", self.job),
+            "Slice": ("s", self.slice),
+            "Manager": ("s", self.manager),
+            "Owner": ("u", self.owner),
+            "WatcherPID": ("u", self.watcher_pid),
+            "State": ("s", self.state.value),
+            "WorldSize": ("u", self.world_size),
+            "Ranks": ("a" + RANK_SIGNATURE, [r.wire() for r in self.ranks]),
+            "Status": ("i", self.status),
+            "Cause": ("s", self.cause),
+            "CauseRank": ("i", self.cause_rank),
+        }
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, Any]) -> JobView:
+        """From the values of `GetAll` (unwrapped from their variants)."""
+        return cls(
+            job=str(props["Id"]),
+            slice=str(props["Slice"]),
+            manager=str(props["Manager"]),
+            owner=int(props["Owner"]),
+            watcher_pid=int(props["WatcherPID"]),
+            state=JobState(props["State"]),
+            world_size=int(props["WorldSize"]),
+            ranks=tuple(RankView.from_wire(r) for r in props["Ranks"]),
+            status=int(props["Status"]),
+            cause=str(props["Cause"]),
+            cause_rank=int(props["CauseRank"]),
+        )
+
+
+def ranks_json(rank: RankView) -> dict[str, Any]:
+    return {f: getattr(rank, f) for f in _RANK_FIELDS}

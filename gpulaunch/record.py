@@ -1,0 +1,235 @@
+"""The durable record of a job: one structured journal entry written when it ends.
+
+Written with the journal's native protocol (a datagram of `FIELD=value` lines
+to journald's socket; a sealed memfd when it is too big for a datagram,
+systemd's "Native Journal Protocol"), read back with `journalctl -o json`.
+Every record carries `MESSAGE_ID=` `MESSAGE_ID` (README, "Job API"), so
+`journalctl MESSAGE_ID=<id>` lists every job that ended, and:
+
+  GPULAUNCH_JOB, GPULAUNCH_SLICE, GPULAUNCH_MANAGER   which job
+  GPULAUNCH_STATE       succeeded or failed
+  GPULAUNCH_STATUS      what `gpulaunch start` exits with
+  GPULAUNCH_CAUSE       succeeded, rank-failed, interrupted, start-failed
+  GPULAUNCH_CAUSE_RANK  the rank that failed first (absent if none)
+  GPULAUNCH_WORLD_SIZE, GPULAUNCH_WATCHER_PID
+  GPULAUNCH_RANKS       JSON: a list of objects with the fields of `RankView`
+  GPULAUNCH_CAUSE_ERROR the cause rank's traceback (@record error file) or last
+                        stderr lines; GPULAUNCH_CAUSE_ERROR_SOURCE says which
+  GPULAUNCH_RESTARTS    how many times the ranks were restarted (absent if none)
+  GPULAUNCH_ERROR       why the job could not start (absent otherwise)
+
+`_UID` (set by journald, not by us) tells whose job it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpulaunch.errors import GpulaunchError
+from gpulaunch.jobview import JobState, JobView, RankView, ranks_json
+from gpulaunch.model import JobReport, Manager
+from gpulaunch.report import headline
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from gpulaunch.watcher import Rank, Watcher
+
+MESSAGE_ID = "74b8d59289c14f16ad639b2abe1d2863"
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+_PREFIX = "GPULAUNCH_"
+
+
+# -- writing -------------------------------------------------------------------
+
+
+def fields(view: JobView, message: str) -> list[tuple[str, str]]:
+    """The journal fields of a finished job's record."""
+    out = [
+        ("MESSAGE_ID", MESSAGE_ID),
+        ("MESSAGE", message),
+        ("PRIORITY", "6" if view.state is JobState.SUCCEEDED else "3"),
+        ("SYSLOG_IDENTIFIER", "gpulaunch"),
+        (_PREFIX + "JOB", view.job),
+        (_PREFIX + "SLICE", view.slice),
+        (_PREFIX + "MANAGER", view.manager),
+        (_PREFIX + "STATE", view.state.value),
+        (_PREFIX + "STATUS", str(view.status)),
+        (_PREFIX + "CAUSE", view.cause),
+        (_PREFIX + "WORLD_SIZE", str(view.world_size)),
+        (_PREFIX + "WATCHER_PID", str(view.watcher_pid)),
+        (_PREFIX + "RANKS", json.dumps([ranks_json(r) for r in view.ranks])),
+    ]
+    if view.cause_rank >= 0:
+        out.append((_PREFIX + "CAUSE_RANK", str(view.cause_rank)))
+    if view.error:
+        out.append((_PREFIX + "ERROR", view.error))
+    if view.restarts:
+        out.append((_PREFIX + "RESTARTS", str(view.restarts)))
+    if view.cause_error:
+        out.append((_PREFIX + "CAUSE_ERROR", view.cause_error))
+        out.append((_PREFIX + "CAUSE_ERROR_SOURCE", view.cause_error_source))
+    return out
+
+
+def encode(entry: Iterable[tuple[str, str]]) -> bytes:
+    """The native protocol: `KEY=value\\n`; with newlines in it `KEY\\n<u64le length>value\\n`."""
+    out = bytearray()
+    for key, value in entry:
+        data = value.encode("utf-8", "surrogateescape")
+        if b"\n" in data:
+            out += key.encode() + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
+        else:
+            out += key.encode() + b"=" + data + b"\n"
+    return bytes(out)
+
+
+def send(data: bytes, path: str = JOURNAL_SOCKET) -> None:
+    """Hand one entry to journald; raises OSError if it cannot be delivered."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(data, path)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
+                raise
+        # Too big for one datagram: pass a sealed memfd holding the entry.
+        fd = os.memfd_create("gpulaunch-record", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.write(fd, data)
+            seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+            sock.sendmsg([], rights, 0, path)
+        finally:
+            os.close(fd)
+
+
+class Recorder:
+    """Writes the job's record when it ends; a watcher `Observer`."""
+
+    def __init__(
+        self,
+        send: Callable[[bytes], None] = send,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self._send = send
+        self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
+        self._watcher: Watcher | None = None
+
+    def attach(self, watcher: Watcher, loop: asyncio.AbstractEventLoop) -> None:
+        self._watcher = watcher
+
+    def changed(self, rank: Rank | None) -> None:
+        pass
+
+    async def finished(self, report: JobReport) -> None:
+        assert self._watcher is not None
+        view = JobView.of_watcher(self._watcher, report)
+        message = headline(report).removeprefix("gpulaunch: ")
+        try:
+            self._send(encode(fields(view, message)))
+        except OSError as exc:
+            self._warn(f"could not write the job's record to the journal: {exc.strerror or exc}")
+
+
+# -- reading -------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    """journalctl's JSON gives a field as a string, an array of bytes, or an array of those."""
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) for v in value):
+            return bytes(value).decode("utf-8", "replace")
+        return _text(value[-1]) if value else ""
+    return "" if value is None else str(value)
+
+
+def _int(entry: Mapping[str, Any], key: str, default: int = -1) -> int:
+    try:
+        return int(_text(entry.get(key)))
+    except ValueError:
+        return default
+
+
+def parse(entry: Mapping[str, Any]) -> JobView:
+    """A record (one object of `journalctl -o json`) as a `JobView`; ValueError if malformed."""
+    if _text(entry.get("MESSAGE_ID")) != MESSAGE_ID:
+        raise ValueError("not a gpulaunch record")
+    try:
+        ranks = tuple(RankView.from_json(r) for r in json.loads(_text(entry[_PREFIX + "RANKS"])))
+        return JobView(
+            job=_text(entry[_PREFIX + "JOB"]),
+            slice=_text(entry.get(_PREFIX + "SLICE")),
+            manager=_text(entry.get(_PREFIX + "MANAGER")),
+            owner=_int(entry, "_UID"),
+            watcher_pid=_int(entry, _PREFIX + "WATCHER_PID", 0),
+            state=JobState(_text(entry[_PREFIX + "STATE"])),
+            world_size=_int(entry, _PREFIX + "WORLD_SIZE", len(ranks)),
+            ranks=ranks,
+            status=_int(entry, _PREFIX + "STATUS"),
+            cause=_text(entry.get(_PREFIX + "CAUSE")),
+            cause_rank=_int(entry, _PREFIX + "CAUSE_RANK"),
+            error=_text(entry.get(_PREFIX + "ERROR")),
+            restarts=_int(entry, _PREFIX + "RESTARTS", 0),
+            cause_error=_text(entry.get(_PREFIX + "CAUSE_ERROR")),
+            cause_error_source=_text(entry.get(_PREFIX + "CAUSE_ERROR_SOURCE")),
+            ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed gpulaunch record: {exc!r}") from exc
+
+
+def _matches(manager: Manager, job: str | None) -> list[str]:
+    """journalctl matches for the records of this manager's jobs that the caller may mean.
+
+    System jobs are root's (`_UID=0`: nobody else can forge one); user jobs the caller's own.
+    """
+    uid = 0 if manager is Manager.SYSTEM else os.getuid()
+    out = [f"MESSAGE_ID={MESSAGE_ID}", f"{_PREFIX}MANAGER={manager.value}", f"_UID={uid}"]
+    if job is not None:
+        out.append(f"{_PREFIX}JOB={job}")
+    return out
+
+
+def query(matches: Sequence[str], limit: int) -> list[JobView]:
+    """The newest `limit` records matching, oldest first (malformed ones skipped)."""
+    argv = ["journalctl", "--output=json", "--all", "--no-pager", "--quiet", f"--lines={limit}"]
+    try:
+        res = subprocess.run(
+            [*argv, *matches], capture_output=True, text=True, timeout=60, check=False
+        )
+    except FileNotFoundError as exc:
+        raise GpulaunchError(
+            "cannot read job records: journalctl not found", "install systemd's journalctl"
+        ) from exc
+    views = []
+    for line in res.stdout.splitlines():
+        try:
+            views.append(parse(json.loads(line)))
+        except ValueError:
+            continue
+    return views
+
+
+def find(job: str, manager: Manager) -> JobView | None:
+    """The newest record of `job`, or None."""
+    views = query(_matches(manager, job), 1)
+    return views[-1] if views else None
+
+
+def recent(manager: Manager, limit: int) -> list[JobView]:
+    """The newest record of each of the last `limit` jobs that ended, newest first."""
+    seen: dict[str, JobView] = {}
+    for view in reversed(query(_matches(manager, None), limit)):
+        seen.setdefault(view.job, view)
+    return list(seen.values())
