@@ -18,6 +18,7 @@ import enum
 import errno
 import os
 import stat
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,10 +121,14 @@ class Terminal:
             self.out_fd = self.fd
 
 
+TAIL_LINES = 20  # stderr lines kept per rank for the failure report
+
+
 @dataclass
 class _LineBuffer:
     partial: bytearray = field(default_factory=bytearray)
     lines: int = 0
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
 
 class Output:
@@ -183,6 +188,12 @@ class Output:
         """Lines a rank has written so far, stdout and stderr together."""
         return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
 
+    def stderr_tail(self, rank: int) -> str:
+        """The last lines a rank wrote to stderr (for the report of a failure)."""
+        buf = self._buffers.get((rank, Stream.STDERR))
+        lines = [] if buf is None else list(buf.tail)
+        return "\n".join(line.decode("utf-8", "replace") for line in lines)
+
     # -- reading ------------------------------------------------------------
 
     def _read(self, fd: int) -> None:
@@ -206,19 +217,20 @@ class Output:
         if rank in self._files:
             os.write(self._files[rank], chunk)
         buf = self._buffers.setdefault((rank, stream), _LineBuffer())
-        buf.partial += chunk
-        while True:
-            end = buf.partial.find(b"\n")
-            if end < 0:
-                break
-            line = bytes(buf.partial[:end])
-            del buf.partial[: end + 1]
-            buf.lines += 1
-            self._line(rank, stream, line)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            # Every complete line at once: split and join run in C, not per line in Python.
+            lines = (bytes(buf.partial) + chunk[:cut]).split(b"\n")
+            buf.partial = bytearray(chunk[cut + 1 :])
+            buf.lines += len(lines)
+            buf.tail.extend(lines[-TAIL_LINES:])
+            self._lines(rank, stream, lines)
+        else:
+            buf.partial += chunk
         while len(buf.partial) > MAX_LINE:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
-            self._line(rank, stream, piece)
+            self._lines(rank, stream, [piece])
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
         self._maybe_pause()
@@ -230,7 +242,8 @@ class Output:
             buf.lines += 1
             line = bytes(buf.partial)
             buf.partial.clear()
-            self._line(rank, stream, line)
+            buf.tail.append(line)
+            self._lines(rank, stream, [line])
 
     # -- showing ------------------------------------------------------------
 
@@ -246,13 +259,17 @@ class Output:
     def _terminal(self, stream: Stream) -> Terminal:
         return self.stdout if stream is Stream.STDOUT else self.stderr
 
-    def _line(self, rank: int, stream: Stream, line: bytes) -> None:
+    def _lines(self, rank: int, stream: Stream, lines: list[bytes]) -> None:
         if not self._shown(rank):
             return
-        # What a terminal would finally show of a line redrawn with carriage returns.
-        visible = line.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+        prefix = self._prefix(rank)
+        text = (b"\n" + prefix).join(lines)
+        if b"\r" in text:
+            # What a terminal would finally show of a line redrawn with carriage returns.
+            lines = [line.rstrip(b"\r").rsplit(b"\r", 1)[-1] for line in lines]
+            text = (b"\n" + prefix).join(lines)
         self._clear_status()
-        self._terminal(stream).write(self._prefix(rank) + visible + b"\n")
+        self._terminal(stream).write(prefix + text + b"\n")
 
     def _progress(self, rank: int, stream: Stream, partial: bytes) -> None:
         term = self._terminal(stream)
