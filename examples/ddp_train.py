@@ -37,7 +37,9 @@ def main() -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    # cuda:LOCAL_RANK; cuda:0 where each rank sees only its own GPU (gpulaunch --gpu-isolation)
+    gpu = local_rank % torch.cuda.device_count() if cuda else 0
+    device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group(
@@ -47,7 +49,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(
         device
     )
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    ddp = DistributedDataParallel(model, device_ids=[gpu] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     target_w = torch.randn(64, 1, device=device)
     if rank == 0:

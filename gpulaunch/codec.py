@@ -15,10 +15,12 @@ trailing whitespace is dropped. Where systemd expands `%` specifiers
 Slice=, DeviceAllow= paths) `%%` stands for `%`; other specifiers are refused,
 because a transient unit sent over D-Bus gets no specifier expansion.
 
-Where systemd's grammar is looser than needed, the codec accepts a plain subset
-and refuses the rest with a message: integers are decimal without leading
-zeros (systemd reads `010` as octal 8), percentages have at most two decimals.
-Everything accepted maps to exactly the value `systemd-run` would send.
+The value grammars (sizes, time spans, percentages, signals, CPU sets, device
+specifications, ...) are in `gpulaunch.unitvalues`; this module holds the
+settings table (which setting, in which section, as which D-Bus property) and
+the parser. Where systemd's grammar is looser than needed, a plain subset is
+accepted and the rest refused with a message; everything accepted maps to
+exactly the value `systemd-run` would send.
 
 Settings that accumulate (dependencies, Documentation=, DeviceAllow=) are
 merged into one property; an empty assignment resets the list. For any other
@@ -29,18 +31,45 @@ from __future__ import annotations
 
 import difflib
 import re
-import signal
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpulaunch.errors import UnitFileError
+from gpulaunch.unitvalues import (
+    BOOLEAN_ACCEPTED,
+    CPUSET_ACCEPTED,
+    INFINITY,
+    SIGNAL_ACCEPTED,
+    TIMESPAN_ACCEPTED,
+    UINT32_MAX,
+    UINT64_MAX,
+    USEC_PER_SEC,
+    WHITESPACE,
+    InvalidValue,
+    check_documentation_url,
+    check_unit_name,
+    expand_specifiers,
+    parse_boolean,
+    parse_cpu_set,
+    parse_decimal,
+    parse_device_allow,
+    parse_permyriad,
+    parse_signal,
+    parse_size,
+    parse_timespan,
+    scale_from_permyriad,
+    split_words,
+)
 
-UINT32_MAX = 2**32 - 1
-UINT64_MAX = 2**64 - 1
-INFINITY = UINT64_MAX  # USEC_INFINITY and CGROUP_LIMIT_MAX (src/basic/time-util.h, cgroup-util.h)
+__all__ = [
+    "EXEC_SETTINGS",
+    "INFINITY",
+    "SERVICE_SETTINGS",
+    "SETTINGS",
+    "Property",
+    "parse_unit",
+]
 
-_WHITESPACE = " \t\n\r"  # systemd's WHITESPACE (src/basic/string-util.h)
 _UNIT_TYPES = ("scope", "slice")
 
 
@@ -56,401 +85,6 @@ class Property:
     name: str
     signature: str
     value: object
-
-
-class _Invalid(Exception):
-    """A value is wrong; `problem` says what. The setting's table entry says what is accepted."""
-
-    def __init__(self, problem: str, accepted: str | None = None) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.accepted = accepted
-
-
-# --- value grammars -------------------------------------------------------------------------
-
-_DECIMAL = re.compile(r"0|[1-9][0-9]*")
-
-
-def _decimal(text: str, what: str = "a decimal number") -> int:
-    """A non-negative decimal integer. systemd's safe_atou64() also takes 0x/0o/0b and octal."""
-    if _DECIMAL.fullmatch(text):
-        return int(text)
-    if re.fullmatch(r"0[0-9]+", text):
-        raise _Invalid(f"leading zero in {text!r} (systemd would read it as octal)")
-    raise _Invalid(f"not {what}")
-
-
-_TRUE = ("1", "yes", "y", "true", "t", "on")
-_FALSE = ("0", "no", "n", "false", "f", "off")
-BOOLEAN_ACCEPTED = "use yes/no, true/false, on/off or 1/0"
-
-
-def parse_boolean(text: str) -> bool:
-    """systemd's parse_boolean() (src/basic/parse-util.c): case-insensitive."""
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise _Invalid("not a boolean", BOOLEAN_ACCEPTED)
-
-
-_USEC_PER_SEC = 1_000_000
-_SEC, _MIN, _HOUR, _DAY = _USEC_PER_SEC, 60 * _USEC_PER_SEC, 3600 * _USEC_PER_SEC, 86400 * 10**6
-_WEEK, _MONTH, _YEAR = 7 * _DAY, 2_629_800 * _SEC, 31_557_600 * _SEC
-# Order matters: the first prefix that matches wins (extract_multiplier(), src/basic/time-util.c).
-# fmt: off
-_TIME_SUFFIXES: tuple[tuple[str, int], ...] = (
-    ("seconds", _SEC), ("second", _SEC), ("sec", _SEC), ("s", _SEC),
-    ("minutes", _MIN), ("minute", _MIN), ("min", _MIN),
-    ("months", _MONTH), ("month", _MONTH), ("M", _MONTH),
-    ("msec", 1000), ("ms", 1000), ("m", _MIN),
-    ("hours", _HOUR), ("hour", _HOUR), ("hr", _HOUR), ("h", _HOUR),
-    ("days", _DAY), ("day", _DAY), ("d", _DAY),
-    ("weeks", _WEEK), ("week", _WEEK), ("w", _WEEK),
-    ("years", _YEAR), ("year", _YEAR), ("y", _YEAR),
-    ("usec", 1), ("us", 1), ("\u03bcs", 1), ("\u00b5s", 1),  # Greek mu, micro sign
-)
-# fmt: on
-TIMESPAN_ACCEPTED = "use a time span such as 90, 90s, 1min 30s, 500ms, 2h, or infinity"
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in _WHITESPACE:
-        i += 1
-    return i
-
-
-def parse_timespan(text: str) -> int:
-    """A time span in microseconds: systemd's parse_sec() (parse_time(), src/basic/time-util.c).
-
-    Seconds are the default unit; parts add up ("1min 30s"); "infinity" is 2**64-1.
-    """
-    p = _skip_ws(text, 0)
-    if text.startswith("infinity", p):
-        if _skip_ws(text, p + len("infinity")) != len(text):
-            raise _Invalid("not a time span", TIMESPAN_ACCEPTED)
-        return INFINITY
-    total = 0
-    something = False
-    while True:
-        p = _skip_ws(text, p)
-        if p == len(text):
-            if not something:
-                raise _Invalid("empty time span", TIMESPAN_ACCEPTED)
-            return total
-        if text[p] == "-":
-            raise _Invalid("negative time span", TIMESPAN_ACCEPTED)
-        m = re.compile(r"\+?[0-9]+").match(text, p)
-        whole = int(m.group()) if m else 0
-        e = m.end() if m else p
-        fraction = ""
-        if e < len(text) and text[e] == ".":
-            f = re.compile(r"[0-9]*").match(text, e + 1)
-            assert f is not None
-            fraction = f.group()
-            if not fraction:
-                raise _Invalid(f"no digits after '.' in {text!r}", TIMESPAN_ACCEPTED)
-            p = f.end()
-        elif not m:
-            raise _Invalid("not a time span", TIMESPAN_ACCEPTED)
-        else:
-            p = e
-        s = _skip_ws(text, p)
-        multiplier = _USEC_PER_SEC
-        for suffix, usec in _TIME_SUFFIXES:
-            if text.startswith(suffix, s):
-                multiplier = usec
-                s += len(suffix)
-                break
-        else:
-            if s == p and s != len(text):
-                raise _Invalid(f"unknown time unit in {text!r}", TIMESPAN_ACCEPTED)
-        p = s
-        if whole >= INFINITY // multiplier or whole * multiplier >= INFINITY - total:
-            raise _Invalid("time span too large", TIMESPAN_ACCEPTED)
-        total += whole * multiplier
-        scale = multiplier // 10
-        for digit in fraction:
-            if int(digit) * scale >= INFINITY - total:
-                raise _Invalid("time span too large", TIMESPAN_ACCEPTED)
-            total += int(digit) * scale
-            scale //= 10
-        something = True
-
-
-# parse_size() with base 1024 (src/basic/parse-util.c); the order is the order suffixes may follow.
-# fmt: off
-_SIZE_SUFFIXES: tuple[tuple[str, int], ...] = (
-    ("E", 1024**6), ("P", 1024**5), ("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024),
-    ("B", 1), ("", 1),
-)
-# fmt: on
-
-
-def parse_size(text: str) -> int:
-    """Bytes, with K/M/G/T/P/E suffixes (base 1024), fractions and sums ("1G 512M", "1.5G")."""
-    total = 0
-    start = 0
-    p = 0
-    while True:
-        p = _skip_ws(text, p)
-        m = re.compile(r"[+-]?[0-9]+").match(text, p)
-        if not m:
-            raise _Invalid("not a size")
-        if m.group().startswith("-"):
-            raise _Invalid("negative size")
-        whole = int(m.group())
-        e = m.end()
-        fraction = 0.0
-        if e < len(text) and text[e] == ".":
-            e += 1
-            f = re.compile(r"[0-9]+").match(text, e)
-            if f:
-                # The same double arithmetic as systemd: digits, then /10 per digit.
-                fraction = float(int(f.group()))
-                for _ in f.group():
-                    fraction /= 10
-                e = f.end()
-        e = _skip_ws(text, e)
-        for index in range(start, len(_SIZE_SUFFIXES)):
-            suffix, factor = _SIZE_SUFFIXES[index]
-            if text.startswith(suffix, e):
-                break
-        else:  # pragma: no cover - "" always matches
-            raise _Invalid("not a size")
-        if whole + (fraction > 0) > UINT64_MAX // factor:
-            raise _Invalid("size too large")
-        total += whole * factor + int(fraction * factor)
-        if total > UINT64_MAX:
-            raise _Invalid("size too large")
-        p = e + len(suffix)
-        start = index + 1
-        if p >= len(text):
-            return total
-
-
-_PERCENT = re.compile(r"(0|[1-9][0-9]*)(?:\.([0-9]{1,2}))?%")
-_PERMILLE = re.compile(r"(0|[1-9][0-9]*)(?:\.([0-9]))?\u2030")
-_PERMYRIAD = re.compile(r"(0|[1-9][0-9]*)\u2031")
-_INT_MAX = 2**31 - 1
-
-
-def parse_permyriad(text: str, *, bounded: bool = True) -> int | None:
-    """A percentage in 1/10000 units ("12.34%", "5.5‰", "3‱"), or None if `text` is not one.
-
-    systemd's parse_permyriad() (src/basic/percent-util.c); `bounded` refuses more than 100%.
-    """
-    if not text.endswith(("%", "\u2030", "\u2031")):
-        return None
-    for pattern, scale, places in ((_PERCENT, 100, 2), (_PERMILLE, 10, 1), (_PERMYRIAD, 1, 0)):
-        m = pattern.fullmatch(text)
-        if m:
-            decimals = ((m.group(2) or "") if places else "").ljust(places, "0")
-            value = int(m.group(1)) * scale + (int(decimals) if decimals else 0)
-            if value > _INT_MAX:
-                raise _Invalid("percentage too large")
-            if bounded and value > 10000:
-                raise _Invalid("percentage above 100%")
-            return value
-    raise _Invalid("not a percentage (at most two decimals, e.g. 12.5%)")
-
-
-def scale_from_permyriad(permyriad: int) -> int:
-    """UINT32_SCALE_FROM_PERMYRIAD() (src/basic/percent-util.h): 100% is 2**32-1, rounded."""
-    return (min(max(permyriad, 0), 10000) * UINT32_MAX + 5000) // 10000
-
-
-# Signals: the names systemd knows (static_signal_table, src/basic/signal-util.c), numbered as
-# on this machine, plus RTMIN+n / RTMAX-n. Valid numbers are 1.._NSIG-1.
-_SIGNAL_NAMES = (
-    "HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM STKFLT CHLD CONT "
-    "STOP TSTP TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH IO PWR SYS"
-).split()
-_SIGNALS = {n: int(getattr(signal, "SIG" + n)) for n in _SIGNAL_NAMES if hasattr(signal, "SIG" + n)}
-_SIGRTMIN = int(signal.SIGRTMIN)
-_SIGRTMAX = int(signal.SIGRTMAX)
-SIGNAL_ACCEPTED = "use a signal name (SIGTERM or TERM, RTMIN+n, RTMAX-n) or a number 1-64"
-
-
-def parse_signal(text: str) -> int:
-    """systemd's signal_from_string(): a number, NAME, SIGNAME, RTMIN+n or RTMAX-n."""
-    if text[:1].isdigit():
-        number = _decimal(text, "a signal")
-        if not 1 <= number <= _SIGRTMAX:
-            raise _Invalid(f"signal number {number} out of range", SIGNAL_ACCEPTED)
-        return number
-    name = text.removeprefix("SIG")
-    if name in _SIGNALS:
-        return _SIGNALS[name]
-    m = re.fullmatch(r"RTMIN(?:\+(0|[1-9][0-9]*))?|RTMAX(?:-(0|[1-9][0-9]*))?", name)
-    if m:
-        if m.group().startswith("RTMIN"):
-            number = _SIGRTMIN + int(m.group(1) or 0)
-        else:
-            number = _SIGRTMAX - int(m.group(2) or 0)
-        if _SIGRTMIN <= number <= _SIGRTMAX:
-            return number
-        raise _Invalid("real-time signal out of range", SIGNAL_ACCEPTED)
-    raise _Invalid("not a signal", SIGNAL_ACCEPTED)
-
-
-_CPU_MASK_BYTES = struct.calcsize("L")  # sizeof(__cpu_mask): CPU_ALLOC_SIZE() rounds to it
-_CPU_SET_MAX = 8192  # cpu_set_add() (src/shared/cpu-set-util.c)
-CPUSET_ACCEPTED = "use numbers and ranges separated by commas or spaces, e.g. 0-3,8"
-
-
-def parse_cpu_set(text: str) -> bytes:
-    """A CPU or NUMA node list as the bytes cpu_set_to_dbus() sends (src/shared/cpu-set-util.c).
-
-    Bit n of byte n//8 is CPU n (little-endian), and the length is systemd's allocation: whole
-    `unsigned long` words, 8 bytes on 64-bit ("0-3" is 0f 00 00 00 00 00 00 00). Empty: b"".
-    """
-    mask = 0
-    highest = -1
-    for word in re.split(r"[ \t\n\r,]+", text.strip(_WHITESPACE + ",")):
-        if not word:
-            continue
-        m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", word)
-        if not m:
-            raise _Invalid(f"bad range {word!r}", CPUSET_ACCEPTED)
-        lower = _decimal(m.group(1))
-        upper = _decimal(m.group(2)) if m.group(2) is not None else lower
-        if lower > upper:
-            raise _Invalid(f"range {word!r} is backwards", CPUSET_ACCEPTED)
-        if upper >= _CPU_SET_MAX:
-            raise _Invalid(f"{upper} is above the limit of {_CPU_SET_MAX - 1}", CPUSET_ACCEPTED)
-        mask |= ((1 << (upper - lower + 1)) - 1) << lower
-        highest = max(highest, upper)
-    if highest < 0:
-        return b""
-    words = (highest + 1 + 8 * _CPU_MASK_BYTES - 1) // (8 * _CPU_MASK_BYTES)
-    return mask.to_bytes(words * _CPU_MASK_BYTES, "little")
-
-
-def next_word(text: str, i: int, *, unquote: bool, retain_escape: bool) -> tuple[str, int] | None:
-    """The word at or after `i`, and the index after it; None when only whitespace is left.
-
-    extract_first_word() (src/basic/extract-word.c): words are separated by whitespace;
-    `unquote` removes '...' and "..." quoting (EXTRACT_UNQUOTE); without `retain_escape` a
-    backslash takes the next character literally, with it backslashes are kept as written.
-    """
-    i = _skip_ws(text, i)
-    if i == len(text):
-        return None
-    word: list[str] = []
-    quote = ""
-    while i < len(text):
-        c = text[i]
-        if c == "\\" and not retain_escape:
-            i += 1
-            if i == len(text):
-                raise _Invalid("trailing backslash")
-            word.append(text[i])
-        elif quote:
-            if c == quote:
-                quote = ""
-            else:
-                word.append(c)
-        elif c in _WHITESPACE:
-            break
-        elif unquote and c in "'\"":
-            quote = c
-        else:
-            word.append(c)
-        i += 1
-    if quote:
-        raise _Invalid("unbalanced quotes")
-    return "".join(word), i
-
-
-def split_words(text: str, *, unquote: bool, retain_escape: bool) -> list[str]:
-    """All words of `text`, see next_word()."""
-    words: list[str] = []
-    i = 0
-    while (found := next_word(text, i, unquote=unquote, retain_escape=retain_escape)) is not None:
-        word, i = found
-        words.append(word)
-    return words
-
-
-def expand_specifiers(text: str) -> str:
-    """`%%` -> `%`. Other specifiers have no meaning in a transient unit, so they are refused."""
-    m = re.search(r"%(?!%)", text.replace("%%", ""))
-    if m:
-        spec = text.replace("%%", "")[m.start() : m.start() + 2]
-        raise _Invalid(
-            f"unit specifier {spec!r} is not supported (transient units are not expanded)",
-            "write %% for a literal %",
-        )
-    return text.replace("%%", "%")
-
-
-_UNIT_NAME_CHARS = re.compile(r"[A-Za-z0-9:_.\\-]+")
-_ALL_UNIT_TYPES = "service socket target device mount automount swap timer path slice scope".split()
-
-
-def check_unit_name(name: str, *, suffix: str | None = None) -> str:
-    """unit_name_is_valid() (src/basic/unit-name.c): plain or instance names, for `suffix` plain."""
-    prefix, dot, kind = name.rpartition(".")
-    ok = (
-        bool(prefix)
-        and len(name) < 256
-        and kind in _ALL_UNIT_TYPES
-        and (suffix is None or kind == suffix)
-    )
-    if ok:
-        template, at, instance = prefix.partition("@")
-        ok = bool(_UNIT_NAME_CHARS.fullmatch(template)) and (
-            not at or (suffix is None and bool(re.fullmatch(r"[A-Za-z0-9:_.\\@-]+", instance)))
-        )
-    if not ok:
-        kind_text = f"a .{suffix} unit name" if suffix else "a unit name"
-        raise _Invalid(
-            f"{name!r} is not {kind_text}",
-            "unit names use letters, digits and :-_.\\ (escape others as \\xNN), at most 255 "
-            "characters, and end in a unit type such as .scope or .slice",
-        )
-    return name
-
-
-def check_documentation_url(url: str) -> str:
-    """documentation_url_is_valid() (src/shared/web-util.c)."""
-    for prefix in ("http://", "https://", "file:/", "info:", "man:"):
-        rest = url.removeprefix(prefix)
-        if rest != url and rest and rest.isascii():
-            return url
-    raise _Invalid(
-        f"{url!r} is not a documentation URL", "use http://, https://, file:/, info: or man: URLs"
-    )
-
-
-def check_device_path(path: str) -> str:
-    """valid_device_allow_pattern() (src/basic/path-util.c), a bit stricter about /dev/char/."""
-    accepted = (
-        "use /dev/NODE, /dev/char/MAJOR:MINOR, /dev/block/MAJOR:MINOR, char-NAME or "
-        "block-NAME (see /proc/devices), then optional rights r, w, m"
-    )
-    for prefix in ("char-", "block-"):
-        if path.startswith(prefix):
-            if len(path) > len(prefix):
-                return path
-            raise _Invalid(f"{path!r} names no device group", accepted)
-    if any(c in _WHITESPACE for c in path):
-        raise _Invalid(f"{path!r} contains whitespace", accepted)
-    parts = path.split("/")
-    normalized = (
-        path.startswith(("/dev/", "/run/systemd/inaccessible/"))
-        and not path.endswith("/")
-        and all(part not in ("", ".", "..") for part in parts[1:])
-    )
-    if not normalized:
-        raise _Invalid(f"{path!r} is not a device node path", accepted)
-    if re.fullmatch(r"/dev/(char|block)/.*", path) and not re.fullmatch(
-        r"/dev/(char|block)/[0-9]+:[0-9]+", path
-    ):
-        raise _Invalid(f"{path!r}: /dev/char/ and /dev/block/ hold MAJOR:MINOR names", accepted)
-    return path
 
 
 # --- the settings table ---------------------------------------------------------------------
@@ -488,7 +122,7 @@ def _one(name: str, signature: str, parse: Callable[[str], object]) -> Convert:
 def _enum(choices: tuple[str, ...]) -> Callable[[str], object]:
     def parse(value: str) -> object:
         if value not in choices:
-            raise _Invalid(f"unknown value {value!r}")
+            raise InvalidValue(f"unknown value {value!r}")
         return value
 
     return parse
@@ -497,7 +131,7 @@ def _enum(choices: tuple[str, ...]) -> Callable[[str], object]:
 def _nonempty(parse: Callable[[str], object]) -> Callable[[str], object]:
     def wrapped(value: str) -> object:
         if not value:
-            raise _Invalid("empty value")
+            raise InvalidValue("empty value")
         return parse(value)
 
     return wrapped
@@ -516,12 +150,12 @@ def _memory(key: str) -> Convert:
         permyriad = parse_permyriad(value)
         if permyriad is not None:
             if permyriad == 0 and not may_be_zero:
-                raise _Invalid("0% would leave no memory at all")
+                raise InvalidValue("0% would leave no memory at all")
             # The server scales this fraction of 2**32-1 by physical memory.
             return (Property(key + "Scale", "u", scale_from_permyriad(permyriad)),)
         size = parse_size(value)
         if size == 0 and not may_be_zero:
-            raise _Invalid("0 would leave no memory at all")
+            raise InvalidValue("0 would leave no memory at all")
         return (Property(key, "t", size),)
 
     return convert
@@ -535,11 +169,11 @@ def _tasks_max(value: str) -> tuple[Property, ...]:
         scaled = scale_from_permyriad(permyriad)
         # bus_cgroup_set_tasks_max_scale() (dbus-cgroup.c) refuses 0 and 2**32-1, i.e. 100%.
         if not 1 <= scaled < UINT32_MAX:
-            raise _Invalid("systemd accepts percentages above 0% and below 100% here")
+            raise InvalidValue("systemd accepts percentages above 0% and below 100% here")
         return (Property("TasksMaxScale", "u", scaled),)
-    tasks = _decimal(value)
+    tasks = parse_decimal(value)
     if not 1 <= tasks <= UINT64_MAX:
-        raise _Invalid(f"{tasks} is out of range")
+        raise InvalidValue(f"{tasks} is out of range")
     return (Property("TasksMax", "t", tasks),)
 
 
@@ -551,9 +185,9 @@ def _weight(name: str, *, idle: bool) -> Convert:
             return UINT64_MAX  # CGROUP_WEIGHT_INVALID: the default
         if idle and value == "idle":
             return 0  # CGROUP_WEIGHT_IDLE
-        weight = _decimal(value)
+        weight = parse_decimal(value)
         if not 1 <= weight <= 10000:
-            raise _Invalid(f"{weight} is out of range")
+            raise InvalidValue(f"{weight} is out of range")
         return weight
 
     return _one(name, "t", parse)
@@ -564,20 +198,20 @@ def _cpu_quota(value: str) -> tuple[Property, ...]:
         return (Property("CPUQuotaPerSecUSec", "t", INFINITY),)
     permyriad = parse_permyriad(value, bounded=False)
     if permyriad is None:
-        raise _Invalid("not a percentage")
+        raise InvalidValue("not a percentage")
     if permyriad == 0:
-        raise _Invalid("CPU quota too small")
-    return (Property("CPUQuotaPerSecUSec", "t", permyriad * _USEC_PER_SEC // 10000),)
+        raise InvalidValue("CPU quota too small")
+    return (Property("CPUQuotaPerSecUSec", "t", permyriad * USEC_PER_SEC // 10000),)
 
 
 def _timespan_or_infinity(value: str) -> object:
-    return INFINITY if value.strip(_WHITESPACE) == "" else parse_timespan(value)
+    return INFINITY if value.strip(WHITESPACE) == "" else parse_timespan(value)
 
 
 def _oom_limit(value: str) -> object:
     permyriad = parse_permyriad(value)
     if permyriad is None:
-        raise _Invalid("not a percentage")
+        raise InvalidValue("not a percentage")
     return scale_from_permyriad(permyriad)
 
 
@@ -591,12 +225,14 @@ def _delegate(value: str) -> tuple[Property, ...]:
     """A boolean, or the controllers to delegate (bus_append_cgroup_property(), Delegate=)."""
     try:
         return (Property("Delegate", "b", parse_boolean(value)),)
-    except _Invalid:
+    except InvalidValue:
         pass
     controllers = split_words(value, unquote=True, retain_escape=False)
     for controller in controllers:
         if controller not in _CONTROLLERS:
-            raise _Invalid(f"{controller!r} is neither a boolean nor a cgroup controller") from None
+            raise InvalidValue(
+                f"{controller!r} is neither a boolean nor a cgroup controller"
+            ) from None
     return (Property("DelegateControllers", "as", controllers),)
 
 
@@ -608,18 +244,6 @@ def _unit_names(value: str) -> list[object]:
 def _documentation(value: str) -> list[object]:
     words = split_words(value, unquote=True, retain_escape=True)
     return [check_documentation_url(word) for word in words]
-
-
-def _device_allow(value: str) -> list[object]:
-    """config_parse_device_allow(): a path (quotes allowed), then the rights r, w, m."""
-    found = next_word(value, 0, unquote=True, retain_escape=False)
-    assert found is not None  # value is not empty and starts with a non-space
-    path = check_device_path(found[0])
-    rights = value[_skip_ws(value, found[1]) :]
-    if not re.fullmatch(r"[rwm]*", rights):
-        raise _Invalid(f"rights {rights!r} are not a combination of r, w and m")
-    # An empty string means "rwm" to the manager; systemd-run sends it as written.
-    return [(path, rights)]
 
 
 _SIZE_ACCEPTED = (
@@ -728,7 +352,7 @@ _TABLE: list[_Setting] = [
                   "StartupAllowedMemoryNodes")),
     _choices(_CGROUP, _RC5, "DevicePolicy", "auto", "closed", "strict"),
     _listing("DeviceAllow", _CGROUP, _RC5, "use a device path, then optional rights r, w, m",
-             "a(ss)", _device_allow),
+             "a(ss)", parse_device_allow),
     _choices(_CGROUP, _RC5, "ManagedOOMSwap", "auto", "kill"),
     _choices(_CGROUP, _RC5, "ManagedOOMMemoryPressure", "auto", "kill"),
     _scalar("ManagedOOMMemoryPressureLimit", _CGROUP, _RC5, "use a percentage from 0% to 100%",
@@ -833,7 +457,7 @@ def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
     pending: str | None = None
     start = 0
     for number, raw in enumerate(re.split(r"\r\n|\r|\n", text), 1):
-        if raw.lstrip(_WHITESPACE)[:1] in ("#", ";"):
+        if raw.lstrip(WHITESPACE)[:1] in ("#", ";"):
             continue
         if pending is None:
             start = number
@@ -898,7 +522,7 @@ def parse_unit(text: str, unit_type: str, source: str) -> tuple[Property, ...]:
     section: str | None = None
     for line, raw in _logical_lines(text):
         fail = _Failure(source, line)
-        stripped = raw.strip(_WHITESPACE)
+        stripped = raw.strip(WHITESPACE)
         if not stripped:
             continue
         if stripped.startswith("["):
@@ -917,7 +541,7 @@ def parse_unit(text: str, unit_type: str, source: str) -> tuple[Property, ...]:
         if "=" not in stripped:
             raise fail(f"{stripped!r} is not a setting; expected Key=value")
         key, _, value = stripped.partition("=")
-        key, value = key.strip(_WHITESPACE), value.strip(_WHITESPACE)
+        key, value = key.strip(WHITESPACE), value.strip(WHITESPACE)
         if not key:
             raise fail(f"{stripped!r} has no setting name before '='")
         if section is None:
@@ -933,7 +557,7 @@ def parse_unit(text: str, unit_type: str, source: str) -> tuple[Property, ...]:
             else:
                 assert setting.convert is not None
                 result.set(key, setting.convert(expanded))
-        except _Invalid as exc:
+        except InvalidValue as exc:
             accepted = exc.accepted or setting.accepted
             problem = f"{key}={value}: {exc.problem}; {accepted}"
             raise fail(problem, f"see {setting.manual}", key) from None

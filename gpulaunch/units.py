@@ -27,9 +27,10 @@ Template context. Every template gets:
 - `description`: str, free text about the job;
 - `unit`: the name of the unit being rendered.
 
-`rank.scope` also gets `rank`, `local_rank` (int), `gpu` (int or None),
-`cpus` (str like "0-3,8" or None), `device_allow` (list of (path, rights)
-pairs such as ("/dev/char/195:0", "rw"); empty when there is no GPU isolation).
+`rank.scope` also gets `rank`, `local_rank` (int), `gpu` (the rank's GPU as
+nvidia-smi numbers it, or None), `cpus` (str like "0-3,8" or None: AllowedCPUs=),
+`device_allow` (list of (path, rights) pairs such as ("/dev/char/195:0", "rw");
+empty when there is no GPU isolation). gpulaunch/placement.py decides them.
 
 None means "not set": guard such values with `{% if x is not none %}`. Printing
 None, or a value that contains a line break, is an error.

@@ -1,0 +1,95 @@
+"""`gpulaunch render` for a 4-rank job with every resource option, against a snapshot.
+
+The machine is a stand-in (tests/fake_machine.py: 4 GPUs on 2 NUMA nodes, 16 CPUs),
+the job id and port are fixed, so the text is stable. After an intended change:
+
+    GPULAUNCH_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest tests/unit/test_render.py
+
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulaunch import cli
+from gpulaunch.codec import parse_unit
+from gpulaunch.units import SYSTEM_DIR, builtin_dir
+from tests.fake_machine import four_gpu_machine
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "render-4-ranks.txt"
+UPDATE = os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1"
+HEADER = re.compile(r"^# (\S+\.(?:slice|scope)) \(from (.+)\)$", re.M)
+
+
+def render(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["render", *argv])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 0, err
+    return out
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    if SYSTEM_DIR.is_dir():
+        pytest.skip(f"{SYSTEM_DIR} exists: its templates would change the snapshot")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "train.py").write_text("print('training')\n")
+    four_gpu_machine(tmp_path / "machine")
+    return tmp_path
+
+
+def test_render_four_ranks_snapshot(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = render(
+        [
+            *("--job", "demo", "--master-port", "29500", "--grace", "30"),
+            *("--gpus", "0-3", "--gpu-isolation", "--cpu-bind", "numa", "--memory-max", "12G"),
+            *("--machine-root", str(workdir / "machine")),
+            *("train.py", "--epochs", "3"),
+        ],
+        capsys,
+    )
+    text = out.replace(str(builtin_dir()), "<units>")
+    if UPDATE:
+        SNAPSHOT.write_text(text)
+    assert text == SNAPSHOT.read_text(), f"{SNAPSHOT} differs; see the module docstring"
+    names = HEADER.findall(out)
+    assert [name for name, _ in names] == [
+        "gpulaunch-demo.slice",
+        "gpulaunch-demo-watcher.scope",
+        "gpulaunch-demo-ranks.slice",
+        *(f"gpulaunch-demo-rank{r}.scope" for r in range(4)),
+    ]
+
+
+def test_render_output_is_what_the_codec_reads(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each printed unit parses back into the properties `start` would send."""
+    out = render(
+        [
+            *("--job", "demo", "--nproc", "2", "--cpus-per-rank", "3", "--gpu-isolation"),
+            *("--machine-root", str(workdir / "machine"), "train.py"),
+        ],
+        capsys,
+    )
+    parts = HEADER.split(out)[1:]
+    units = {name: (path, text) for name, path, text in zip(*[iter(parts)] * 3, strict=True)}
+    rank1 = {
+        p.name: p.value for p in parse_unit(units["gpulaunch-demo-rank1.scope"][1], "scope", "-")
+    }
+    assert rank1["Description"] == "gpulaunch job demo rank 1 (GPU 1)"
+    assert rank1["AllowedCPUs"] == bytes([0b100, 0b110, 0, 0, 0, 0, 0, 0])  # 2,9-10
+    assert rank1["DevicePolicy"] == "closed"
+    assert rank1["DeviceAllow"][0] == ("/dev/char/195:1", "rw")  # type: ignore[index]
+    assert "DevicePolicy" not in {
+        p.name for p in parse_unit(units["gpulaunch-demo-watcher.scope"][1], "scope", "-")
+    }
