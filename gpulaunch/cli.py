@@ -1,14 +1,15 @@
 """`gpulaunch` command line: the only place that turns errors into messages and exit codes.
 
 Exit codes (also in the README):
-  0..255  `start`: the job's status (0, the cause rank's exit code, 128+N for
-          signal N; 130/143/129 when the watcher was interrupted)
+  0..255  `start`, `wait`: the job's status (0, the cause rank's exit code, 128+N
+          for signal N; 130/143/129 when the watcher was interrupted)
   2       bad command line or input (unknown option, missing script, ...)
   3       unknown job
   69      no systemd manager reachable
   70      internal error (a bug: rerun with --debug and report it)
   71      systemd refused or failed an operation
   73      a job with this id is already running
+  76      the job's watcher went away without saying how the job ended (`wait`, `stop`)
   77      permission denied by systemd or the bus
   78      bad unit template or setting
 """
@@ -22,13 +23,29 @@ import socket
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
+from gpulaunch import jobctl
+from gpulaunch.detach import Detached
+from gpulaunch.environment import omp_default_applies
 from gpulaunch.errors import GpulaunchError, UsageError
+from gpulaunch.gpus import parse_gpu_list
+from gpulaunch.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
 from gpulaunch.model import JobSpec, Manager
-from gpulaunch.plan import JobUnits, StartOptions, default_environment, make_spec, render_units
+from gpulaunch.output import Output, OutputOptions, parse_ranks
+from gpulaunch.placement import Resources
+from gpulaunch.plan import (
+    JobUnits,
+    Launch,
+    StartOptions,
+    default_environment,
+    make_spec,
+    render_units,
+)
 from gpulaunch.report import format_report
+from gpulaunch.topology import CpuBind
 from gpulaunch.units import Templates
 
 INTERNAL_ERROR = 70
@@ -48,27 +65,133 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
 
 
+def _nproc(text: str) -> int | str:
+    if text in ("gpu", "cpu", "auto"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number, gpu, cpu or auto: {text!r}") from None
+
+
+# torchrun options gpulaunch does not take, and what to do instead.
+TORCHRUN_ONLY = {
+    (
+        "--nnodes",
+        "--node-rank",
+        "--node_rank",
+        "--rdzv-backend",
+        "--rdzv_backend",
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        "--rdzv-id",
+        "--rdzv_id",
+        "--rdzv-conf",
+        "--rdzv_conf",
+        "--local-addr",
+        "--local_addr",
+    ): "gpulaunch starts the ranks of one node; multi-node launch is not implemented yet",
+    ("--tee",): "every rank's output is shown live anyway: choose ranks with --ranks, "
+    "write files with --log-dir",
+    ("--redirects",): "rank output always goes to the journal (gpulaunch logs JOB) and "
+    "the terminal; use --quiet or --log-dir",
+    ("--monitor-interval", "--monitor_interval"): "gpulaunch has no polling interval: it "
+    "sees every exit at once",
+    ("--start-method", "--start_method"): "ranks are always forked and exec'd, each in "
+    "its own systemd scope",
+    ("--role",): "roles are not supported; ROLE_NAME is 'default'",
+    ("--logs-specs", "--logs_specs"): "use --log-dir",
+    ("--numa-binding", "--numa_binding"): "use --cpu-bind numa",
+    ("--signals-to-handle", "--signals_to_handle"): "SIGINT, SIGTERM and SIGHUP stop the "
+    "job through systemd",
+}
+
+
+class _Refuse(argparse.Action):
+    """A torchrun option we do not take: one line saying what to use instead."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        advice = next(a for flags, a in TORCHRUN_ONLY.items() if option_string in flags)
+        raise UsageError(f"{option_string} is a torchrun option gpulaunch does not take", advice)
+
+
+def _add_torchrun_options(p: argparse.ArgumentParser) -> None:
+    """torchrun's flags with the same meaning, and its others refused with advice."""
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="accepted for torchrun compatibility: every gpulaunch job is standalone",
+    )
+    launch = p.add_mutually_exclusive_group()
+    launch.add_argument(
+        "-m",
+        "--module",
+        dest="launch",
+        action="store_const",
+        const=Launch.MODULE,
+        help="run SCRIPT as a module: python -m SCRIPT",
+    )
+    launch.add_argument(
+        "--no-python",
+        "--no_python",
+        dest="launch",
+        action="store_const",
+        const=Launch.NO_PYTHON,
+        help="run SCRIPT as a program, not with python",
+    )
+    launch.add_argument(
+        "--run-path",
+        "--run_path",
+        dest="launch",
+        action="store_const",
+        const=Launch.RUN_PATH,
+        help="run SCRIPT with runpy.run_path",
+    )
+    p.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart all ranks up to N times after a failure (default: 0)",
+    )
+    for flags in TORCHRUN_ONLY:
+        p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
+
+
 def _add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nproc",
         "--nproc-per-node",
+        "--nproc_per_node",
         dest="nproc",
-        type=int,
-        default=1,
+        type=_nproc,
         metavar="N",
-        help="number of ranks to start on this machine (default: 1)",
+        help="ranks on this machine: a number, gpu, cpu or auto (default: one per --gpus GPU, "
+        "else 1)",
     )
     p.add_argument(
         "--job", metavar="NAME", help="job id (default: the script's name plus a random suffix)"
     )
     p.add_argument(
         "--master-addr",
+        "--master_addr",
         default="127.0.0.1",
         metavar="ADDR",
         help="rank 0's address (default: 127.0.0.1)",
     )
     p.add_argument(
-        "--master-port", type=int, metavar="PORT", help="rank 0's port (default: a free port)"
+        "--master-port",
+        "--master_port",
+        type=int,
+        metavar="PORT",
+        help="rank 0's port (default: a free port)",
     )
     p.add_argument(
         "--grace",
@@ -78,6 +201,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         help="time between SIGTERM and SIGKILL when ranks are stopped (default: 10)",
     )
     p.add_argument("--memory-max", metavar="BYTES", help="memory limit of each rank (MemoryMax=)")
+    _add_placement_options(p)
     p.add_argument(
         "--units-dir",
         action="append",
@@ -105,6 +229,67 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
+def _gpu_list(text: str) -> tuple[int, ...]:
+    try:
+        return parse_gpu_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0,2,3 or 0-3") from None
+
+
+def _add_placement_options(p: argparse.ArgumentParser) -> None:
+    """GPUs and CPUs per rank (gpulaunch/placement.py)."""
+    p.add_argument(
+        "--cpus-per-rank",
+        type=int,
+        metavar="N",
+        help="give each rank N CPUs of its own (AllowedCPUs=), whole cores first",
+    )
+    p.add_argument(
+        "--cpu-bind",
+        choices=[bind.value for bind in CpuBind],
+        default=CpuBind.NONE.value,
+        help="numa: each rank gets CPUs of its GPU's NUMA node (default: none)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_gpu_list,
+        metavar="LIST",
+        help="the GPUs to use, e.g. 0,2,3, counted in CUDA_VISIBLE_DEVICES; one rank each",
+    )
+    p.add_argument(
+        "--gpu-isolation",
+        action="store_true",
+        help="each rank sees and may open only its own GPU (DevicePolicy=closed)",
+    )
+    # A test stand-in, not for users: GPUs from DIR/proc/driver/nvidia, CPUs from DIR/sys.
+    p.add_argument("--machine-root", type=Path, metavar="DIR", help=argparse.SUPPRESS)
+
+
+def _rank_set(text: str) -> frozenset[int]:
+    try:
+        return parse_ranks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0 or 0,3 or 0-3") from None
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ranks",
+        "--local-ranks-filter",
+        "--local_ranks_filter",
+        dest="ranks",
+        type=_rank_set,
+        metavar="LIST",
+        help="show only these ranks' output live, e.g. 0 or 0,3 or 0-3 (the journal gets all)",
+    )
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="show no rank output live, only the report"
+    )
+    p.add_argument(
+        "--log-dir", type=Path, metavar="DIR", help="also write each rank's output to DIR/rankN.log"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpulaunch", description="Distributed PyTorch ranks supervised by systemd."
@@ -113,10 +298,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     start = sub.add_parser("start", help="run a job: one rank per process, each a systemd scope")
     _add_start_options(start)
+    _add_torchrun_options(start)
+    _add_output_options(start)
+    start.add_argument(
+        "--detach", "-d", action="store_true", help="print the job id and return; the job runs on"
+    )
     start.set_defaults(func=cmd_start)
     render = sub.add_parser("render", help="print the units that `start` would create")
     _add_start_options(render)
+    _add_torchrun_options(render)
     render.set_defaults(func=cmd_render)
+    add_logs_parser(sub)
+    jobctl.add_parsers(sub)
     return parser
 
 
@@ -125,7 +318,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
     return StartOptions(
         script=args.script,
         args=tuple(args.args),
-        nproc=args.nproc,
+        nproc=args.nproc if args.nproc is not None else (len(args.gpus) if args.gpus else 1),
         job=args.job,
         master_addr=args.master_addr,
         master_port=args.master_port,
@@ -133,6 +326,15 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         manager=manager,
         memory_max=args.memory_max,
         units_dirs=tuple(args.units_dir),
+        resources=Resources(
+            gpus=args.gpus,
+            gpu_isolation=args.gpu_isolation,
+            cpus_per_rank=args.cpus_per_rank,
+            cpu_bind=CpuBind(args.cpu_bind),
+        ),
+        machine_root=args.machine_root,
+        launch=args.launch or Launch.SCRIPT,
+        max_restarts=args.max_restarts,
     )
 
 
@@ -163,23 +365,77 @@ def _signal_wakeup() -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    from gpulaunch.bus import JobPublisher
+    from gpulaunch.pump import journal_reachable
+    from gpulaunch.record import Recorder
     from gpulaunch.systemd import Systemd  # pystemd is only needed to run jobs
     from gpulaunch.watcher import Watcher
 
     spec, units = _plan(args)
+    detached = Detached.fork() if args.detach else None
+    if detached is not None and detached.is_parent:
+        return detached.wait_started(spec.job)  # the child runs the watcher
+    output = Output(
+        # detached: nobody watches the terminal; the journal and --log-dir still get everything
+        OutputOptions(ranks=args.ranks, quiet=args.quiet or args.detach, log_dir=args.log_dir),
+        spec.world_size,
+    )
+    journal_problem = journal_reachable()
+    if journal_problem:
+        output.message(
+            f"gpulaunch: warning: journald is not reachable ({journal_problem}); "
+            "rank output goes to the terminal and --log-dir only"
+        )
+    if omp_default_applies(os.environ, spec.nproc):
+        output.message(
+            "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's default) "
+            "so that the ranks do not overload the CPUs; set it yourself to tune it"
+        )
+    if spec.manager is Manager.USER and any(rank.device_allow for rank in spec.ranks):
+        output.message(
+            "gpulaunch: warning: a user manager does not enforce --gpu-isolation's device "
+            "rules: each rank sees only its GPU, but could still open the others; run as root "
+            "for enforced isolation"
+        )
     wakeup = _signal_wakeup()
 
     def announce() -> None:
-        print(
-            f"gpulaunch: job {spec.job}: {spec.nproc} ranks in {spec.names.job_slice}",
-            file=sys.stderr,
-            flush=True,
-        )
+        output.message(f"gpulaunch: job {spec.job}: {spec.nproc} ranks in {spec.names.job_slice}")
+        if detached is not None:
+            detached.started()
 
     with Systemd(spec.manager) as sd:
-        report = Watcher(spec, units, sd, wakeup, on_created=announce).run()
+        watcher = Watcher(
+            spec,
+            units,
+            sd,
+            wakeup,
+            on_created=announce,
+            observers=(Recorder(), JobPublisher()),  # the record first: Finished says it exists
+            output=output,
+            journal=journal_problem is None,
+        )
+        report = watcher.run()
+    if journal_problem is None:
+        report = replace(report, log_drops=journal_drops(spec, output))
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
+
+
+def journal_drops(spec: JobSpec, output: Output) -> tuple[LogDrop, ...]:
+    """Ranks of which journald kept fewer lines than they wrote (its rate limit)."""
+    burst = rate_limit_burst()
+    if burst is None:
+        return ()
+    drops = []
+    for rank in spec.ranks:
+        written = output.lines(rank.rank)
+        if written <= burst:
+            continue  # the limit cannot have been reached
+        stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}")
+        if stored < written:
+            drops.append(LogDrop(rank=rank.rank, written=written, stored=stored))
+    return tuple(drops)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

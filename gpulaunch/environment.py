@@ -60,7 +60,24 @@ def rank_environment(
             "GPULAUNCH_UNIT": unit,
         }
     )
-    if "OMP_NUM_THREADS" not in base and place.local_world_size > 1:
+    if omp_default_applies(base, place.local_world_size):
         # torchrun's default, so N ranks do not oversubscribe the CPUs N-fold.
         env["OMP_NUM_THREADS"] = "1"
+    # What torchrun's agent also sets (torch/distributed/run.py, elastic/agent).
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
     return env
+
+
+def omp_default_applies(base: Mapping[str, str], local_world_size: int) -> bool:
+    """Whether ranks get OMP_NUM_THREADS=1 (and the user torchrun's warning about it)."""
+    return "OMP_NUM_THREADS" not in base and local_world_size > 1
+
+
+def attempt_environment(env: Mapping[str, str], attempt: int, error_file: str) -> dict[str, str]:
+    """A rank's environment for one attempt of the gang (torchrun's restart contract)."""
+    return {
+        **env,
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_ERROR_FILE": error_file,
+    }

@@ -51,6 +51,7 @@ class JobSpec:
     grace_sec: float
     ranks: tuple[RankSpec, ...]
     memory_max: str | None = None
+    max_restarts: int = 0
 
 
 class RankState(enum.StrEnum):
@@ -144,6 +145,8 @@ class RankResult:
     unit: str
     pid: int | None
     exit: RankExit | None
+    error: str | None = None  # the cause rank's traceback (error file) or stderr tail
+    error_source: str | None = None  # where `error` came from
 
 
 class Cause(enum.StrEnum):
@@ -176,6 +179,7 @@ class JobReport:
     ranks: tuple[RankResult, ...] = field(default_factory=tuple)
     error: str | None = None
     log_drops: tuple[LogDrop, ...] = ()
+    restarts: int = 0  # how many times the gang was restarted (--max-restarts)
 
 
 @dataclass(frozen=True)

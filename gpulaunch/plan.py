@@ -6,9 +6,11 @@ a missing script or a bad template fails here and leaves nothing behind.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import secrets
+import shutil
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,9 +19,34 @@ from pathlib import Path
 
 from gpulaunch.environment import RankPlace, rank_environment
 from gpulaunch.errors import UsageError
+from gpulaunch.gpus import visible_pool
 from gpulaunch.model import JobSpec, Manager, RankSpec
 from gpulaunch.names import UnitNames, validate_job_id
+from gpulaunch.placement import Machine, Resources, check_memory_max, place_ranks
 from gpulaunch.units import Templates, UnitDefinition
+
+
+class Launch(enum.StrEnum):
+    """How a rank runs its target (torchrun's -m, --no-python, --run-path)."""
+
+    SCRIPT = "script"  # python -u SCRIPT ARGS
+    MODULE = "module"  # python -u -m MODULE ARGS
+    NO_PYTHON = "no-python"  # PROGRAM ARGS, found on PATH
+    RUN_PATH = "run-path"  # SCRIPT through runpy.run_path, as torchrun --run-path does
+
+    def argv(self, target: str, args: Sequence[str]) -> tuple[str, ...]:
+        if self is Launch.MODULE:
+            return (sys.executable, "-u", "-m", target, *args)
+        if self is Launch.NO_PYTHON:
+            return (target, *args)
+        if self is Launch.RUN_PATH:
+            return (sys.executable, "-u", "-c", _RUN_PATH, target, *args)
+        return (sys.executable, "-u", target, *args)
+
+
+_RUN_PATH = (
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +55,7 @@ class StartOptions:
 
     script: str
     args: tuple[str, ...]
-    nproc: int
+    nproc: int | str  # a number, or "gpu", "cpu", "auto" (torchrun's --nproc-per-node)
     job: str | None
     master_addr: str
     master_port: int | None
@@ -36,6 +63,11 @@ class StartOptions:
     manager: Manager
     memory_max: str | None = None
     units_dirs: tuple[Path, ...] = ()
+    # --gpus, --gpu-isolation, --cpus-per-rank, --cpu-bind (gpulaunch/placement.py)
+    resources: Resources = Resources()
+    machine_root: Path | None = None  # test stand-in: a fake /proc and /sys (--machine-root)
+    launch: Launch = Launch.SCRIPT
+    max_restarts: int = 0
 
 
 def generated_job_id(script: str) -> str:
@@ -58,25 +90,34 @@ def free_port(addr: str) -> int:
         return port
 
 
-def make_spec(opts: StartOptions, base_env: Mapping[str, str], cwd: str) -> JobSpec:
-    """Check the options and plan every rank."""
-    if opts.nproc < 1:
-        raise UsageError(f"--nproc must be at least 1, not {opts.nproc}")
+def make_spec(
+    opts: StartOptions, base_env: Mapping[str, str], cwd: str, machine: Machine | None = None
+) -> JobSpec:
+    """Check the options and plan every rank.
+
+    `machine` says what GPUs and CPUs there are (default: this machine, or the fake one
+    under `opts.machine_root`); it is read only when a placement option needs it.
+    """
+    if opts.max_restarts < 0:
+        raise UsageError(f"--max-restarts must not be negative, not {opts.max_restarts}")
     if opts.grace_sec < 0:
         raise UsageError(f"--grace must not be negative, not {opts.grace_sec:g}")
     if opts.master_port is not None and not 0 < opts.master_port < 65536:
         raise UsageError(f"--master-port must be between 1 and 65535, not {opts.master_port}")
-    script = Path(cwd, opts.script)
-    if not script.is_file():
-        what = "is a directory" if script.is_dir() else "does not exist"
-        raise UsageError(f"script {opts.script} {what}", "give the path of a Python script")
+    check_target(opts.launch, opts.script, cwd, base_env)
     job = opts.job if opts.job is not None else generated_job_id(opts.script)
     problem = validate_job_id(job)
     if problem:
         raise UsageError(f"invalid --job {job!r}: {problem}")
     names = UnitNames.for_job(job)
+    if opts.memory_max is not None:
+        check_memory_max(opts.memory_max)
+    if machine is None:
+        machine = Machine.fake(opts.machine_root) if opts.machine_root else Machine.this()
+    nproc = resolve_nproc(opts.nproc, opts.resources, base_env, machine)
+    places = place_ranks(opts.resources, nproc, base_env, machine)
     port = opts.master_port if opts.master_port is not None else free_port(opts.master_addr)
-    argv = (sys.executable, "-u", opts.script, *opts.args)
+    argv = opts.launch.argv(opts.script, opts.args)
     ranks = tuple(
         RankSpec(
             rank=i,
@@ -84,15 +125,19 @@ def make_spec(opts: StartOptions, base_env: Mapping[str, str], cwd: str) -> JobS
             unit=names.rank_scope(i),
             argv=argv,
             env=rank_environment(
-                base_env,
-                RankPlace(rank=i, local_rank=i, world_size=opts.nproc, local_world_size=opts.nproc),
+                {**base_env, **places[i].env},
+                RankPlace(rank=i, local_rank=i, world_size=nproc, local_world_size=nproc),
                 job=job,
                 unit=names.rank_scope(i),
                 master_addr=opts.master_addr,
                 master_port=port,
+                max_restarts=opts.max_restarts,
             ),
+            gpu=places[i].gpu_index,
+            cpus=places[i].cpus,
+            device_allow=places[i].device_allow,
         )
-        for i in range(opts.nproc)
+        for i in range(nproc)
     )
     return JobSpec(
         job=job,
@@ -100,14 +145,60 @@ def make_spec(opts: StartOptions, base_env: Mapping[str, str], cwd: str) -> JobS
         manager=opts.manager,
         argv=argv,
         cwd=cwd,
-        nproc=opts.nproc,
-        world_size=opts.nproc,
+        nproc=nproc,
+        world_size=nproc,
         master_addr=opts.master_addr,
         master_port=port,
         grace_sec=opts.grace_sec,
         ranks=ranks,
         memory_max=opts.memory_max,
+        max_restarts=opts.max_restarts,
     )
+
+
+def check_target(launch: Launch, target: str, cwd: str, env: Mapping[str, str]) -> None:
+    """The script exists, or the program is on PATH (modules are found by the rank)."""
+    if launch is Launch.MODULE:
+        return
+    if launch is Launch.NO_PYTHON:
+        if shutil.which(target, path=env.get("PATH", os.defpath)) is None and not (
+            "/" in target and os.access(Path(cwd, target), os.X_OK)
+        ):
+            raise UsageError(
+                f"program {target} not found (--no-python runs it directly)",
+                "give a program on PATH or the path of an executable",
+            )
+        return
+    script = Path(cwd, target)
+    if not script.is_file():
+        what = "is a directory" if script.is_dir() else "does not exist"
+        raise UsageError(f"script {target} {what}", "give the path of a Python script")
+
+
+def resolve_nproc(
+    nproc: int | str, resources: Resources, env: Mapping[str, str], machine: Machine
+) -> int:
+    """torchrun's --nproc-per-node: a number, `gpu`, `cpu` or `auto` (GPUs if any, else CPUs)."""
+    if isinstance(nproc, int):
+        if nproc < 1:
+            raise UsageError(f"--nproc must be at least 1, not {nproc}")
+        return nproc
+    cpus = os.cpu_count() or 1
+    if nproc == "cpu":
+        return cpus
+    if resources.gpus is not None:
+        gpus = len(resources.gpus)
+    else:
+        gpus = len(visible_pool(machine.inventory.gpus(), env.get("CUDA_VISIBLE_DEVICES")))
+    if nproc == "auto":
+        return gpus or cpus
+    if gpus == 0:
+        raise UsageError(
+            "--nproc-per-node gpu: no GPU found (neither NVML nor /proc/driver/nvidia shows "
+            "one, or CUDA_VISIBLE_DEVICES hides them)",
+            "give a number of ranks, or `cpu`",
+        )
+    return gpus
 
 
 @dataclass(frozen=True)
@@ -148,9 +239,9 @@ def render_units(spec: JobSpec, templates: Templates) -> JobUnits:
                 "unit": rank.unit,
                 "rank": rank.rank,
                 "local_rank": rank.local_rank,
-                "gpu": None,
-                "cpus": None,
-                "device_allow": [],
+                "gpu": rank.gpu,
+                "cpus": rank.cpus,
+                "device_allow": list(rank.device_allow),
             },
         )
         for rank in spec.ranks

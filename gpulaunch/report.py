@@ -58,6 +58,14 @@ def format_report(report: JobReport) -> str:
         "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+    if report.restarts:
+        lines.append(
+            f"gpulaunch: the ranks were restarted {report.restarts} time(s) (--max-restarts)"
+        )
+    for r in report.ranks:
+        if r.error:
+            lines.append(f"rank {r.rank}'s error, from {r.error_source}:")
+            lines += ["  " + line for line in r.error.splitlines()]
     for drop in report.log_drops:
         lines.append(
             f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "

@@ -23,8 +23,11 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+from gpulaunch.environment import attempt_environment
+from gpulaunch.errorfile import ErrorFiles, runtime_base
 from gpulaunch.errors import GpulaunchError, JobExistsError, SystemdError
 from gpulaunch.model import (
     Cause,
@@ -103,6 +106,7 @@ class Watcher:
         observers: Sequence[Observer] = (),
         output: Output | None = None,
         journal: bool = False,
+        runtime_dir: Path | None = None,
     ) -> None:
         self.spec = spec
         self.units = units
@@ -124,6 +128,9 @@ class Watcher:
         self.journal = journal  # whether the pumps write to journald
         self._aio = asyncio.new_event_loop()
         self._changed: asyncio.Future[None] | None = None
+        self.attempt = 0  # restarts of the whole gang so far (--max-restarts)
+        self._runtime_dir = runtime_dir or runtime_base(spec.manager)
+        self._errors: ErrorFiles | None = None
 
     # -- the loop ---------------------------------------------------------
 
@@ -138,21 +145,50 @@ class Watcher:
             for observer in self.observers:
                 observer.attach(self, self._aio)
             self._create_job_units(stack)
+            self._errors = stack.enter_context(
+                ErrorFiles(self._runtime_dir, self.spec.names.component)
+            )
             self.on_created()
-            if self.interrupt is None:
-                self._start_ranks()
-            if self.interrupt is not None or self.start_error is not None:
-                self._begin_stop()
-            self._loop(self._finished)
+            while True:
+                if self.interrupt is None:
+                    self._start_ranks()
+                if self.interrupt is not None or self.start_error is not None:
+                    self._begin_stop()
+                self._loop(self._finished)
+                if not self._restart():
+                    break
             self._set_phase(Phase.DONE)
-            if self.start_error is not None:
-                raise self.start_error
             report = self.report()
-            for observer in self.observers:
+            for observer in self.observers:  # also after a failed start: it is recorded too
                 self._aio.run_until_complete(
                     asyncio.wait_for(observer.finished(report), FINISH_TIMEOUT)
                 )
+            if self.start_error is not None:
+                raise self.start_error
             return report
+
+    def _restart(self) -> bool:
+        """After a rank failure, start the whole gang again while --max-restarts allows."""
+        outcome = job_outcome(self._exits(), self.interrupt)
+        if (
+            outcome.cause is not Cause.RANK_FAILED
+            or self.start_error is not None
+            or self.attempt >= self.spec.max_restarts
+        ):
+            return False
+        self.attempt += 1
+        cause = self.ranks[outcome.cause_rank or 0]
+        assert cause.exit is not None
+        self.output.message(
+            f"gpulaunch: rank {cause.spec.rank} {cause.exit.describe()}; restarting all "
+            f"ranks (restart {self.attempt} of {self.spec.max_restarts})"
+        )
+        self.ranks = [Rank(spec=r) for r in self.spec.ranks]
+        self.stop_issued = False
+        self._set_phase(Phase.STARTING)
+        # The gang stop removed the ranks slice; the new ranks need it again.
+        self._wait_job(self._start_unit(self.units.ranks_slice), self.units.ranks_slice.name)
+        return True
 
     def request_stop(self) -> None:
         """Stop the job gracefully, as a first SIGTERM would (for observers)."""
@@ -276,8 +312,11 @@ class Watcher:
             if self.journal
             else None
         )
+        assert self._errors is not None
+        error_file = self._errors.path(self.attempt, rank.spec.rank)
+        env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         try:
-            rank.child = spawn_held(rank.spec.argv, rank.spec.env, {1: out_w, 2: err_w})
+            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w})
             rank.born_at = self.clock()
             self._advance(rank, RankState.HELD)
             self._watch(rank.child.pidfd, self._exit_handler(rank))
@@ -411,22 +450,42 @@ class Watcher:
 
     # -- the outcome ------------------------------------------------------
 
+    def _exits(self) -> dict[int, RankExit]:
+        return {r.spec.rank: r.exit for r in self.ranks if r.exit is not None}
+
+    def _rank_error(self, rank: int) -> tuple[str | None, str | None]:
+        """The cause rank's own error: its @record traceback, else its last stderr lines."""
+        from_file = self._errors.read(self.attempt, rank) if self._errors else None
+        if from_file:
+            return from_file, "its error file (@record)"
+        tail = self.output.stderr_tail(rank)
+        return (tail, "the last lines of its stderr") if tail else (None, None)
+
     def report(self) -> JobReport:
-        exits = {r.spec.rank: r.exit for r in self.ranks if r.exit is not None}
-        outcome = job_outcome(exits, self.interrupt)
-        return JobReport(
-            job=self.spec.job,
-            status=outcome.status,
-            cause=outcome.cause if self.start_error is None else Cause.START_FAILED,
-            cause_rank=outcome.cause_rank,
-            interrupt_signal=self.interrupt[1] if self.interrupt else None,
-            ranks=tuple(
+        outcome = job_outcome(self._exits(), self.interrupt)
+        error = self.start_error
+        results = []
+        for r in self.ranks:
+            text, source = (
+                self._rank_error(r.spec.rank) if r.spec.rank == outcome.cause_rank else (None, None)
+            )
+            results.append(
                 RankResult(
                     rank=r.spec.rank,
                     unit=r.spec.unit,
                     pid=r.child.pid if r.child is not None else None,
                     exit=r.exit,
+                    error=text,
+                    error_source=source,
                 )
-                for r in self.ranks
-            ),
+            )
+        return JobReport(
+            job=self.spec.job,
+            status=outcome.status if error is None else error.exit_code,
+            cause=outcome.cause if error is None else Cause.START_FAILED,
+            cause_rank=outcome.cause_rank,
+            interrupt_signal=self.interrupt[1] if self.interrupt else None,
+            ranks=tuple(results),
+            error=None if error is None else error.message,
+            restarts=self.attempt,
         )

@@ -137,3 +137,15 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
     return time.monotonic() - start
+
+
+def assert_clean(job: Job) -> None:
+    """Nothing of the job is left: no unit in any state, no recorded process."""
+    wait_until(lambda: not job.units(), 5, f"units of {job.id} to go away: {job.units()}")
+    assert job.alive() == []
+    failed = job.box.run(
+        ["systemctl", "list-units", "--failed", "--plain", "--no-legend"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "gpulaunch" not in failed

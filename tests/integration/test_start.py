@@ -9,21 +9,9 @@ import time
 
 import pytest
 
-from tests.integration.jobs import GPULAUNCH, REPO, Job, wait_until
+from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def assert_clean(job: Job) -> None:
-    """Nothing of the job is left: no unit in any state, no recorded process."""
-    wait_until(lambda: not job.units(), 5, f"units of {job.id} to go away: {job.units()}")
-    assert job.alive() == []
-    failed = job.box.run(
-        ["systemctl", "list-units", "--failed", "--plain", "--no-legend"],
-        capture_output=True,
-        text=True,
-    ).stdout
-    assert "gpulaunch" not in failed
 
 
 def test_all_ranks_succeed(job: Job) -> None:

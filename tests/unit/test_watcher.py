@@ -34,6 +34,7 @@ class FakeSystemd:
         self.queue: list[JobDone] = []
         self.units: dict[str, list[int]] = {}
         self.calls: list[tuple[str, str]] = []
+        self.killed: list[str] = []
         self.fail_start = fail_start
         self.start_result = start_result
         self._n = 0
@@ -65,17 +66,20 @@ class FakeSystemd:
         self.calls.append(("stop", name))
         if name not in self.units:
             return None
-        for unit, pids in self.units.items():
+        for unit, pids in list(self.units.items()):
             if "-rank" in unit:
                 for pid in pids:
                     try:
                         os.kill(pid, signal.SIGTERM)
                     except ProcessLookupError:
                         pass
+                del self.units[unit]  # a stopped transient unit is gone
+        self.units.pop(name, None)
         return self._job(name)
 
     def kill_unit(self, name: str, signum: int) -> None:
         self.calls.append(("kill", name))
+        self.killed.append(name)
         for pid in self.units.get(name, []):
             try:
                 os.kill(pid, signum)
@@ -91,7 +95,9 @@ class FakeSystemd:
         return done
 
 
-def make_job(commands: Sequence[Sequence[str]], job: str = "t") -> tuple[JobSpec, JobUnits]:
+def make_job(
+    commands: Sequence[Sequence[str]], job: str = "t", max_restarts: int = 0
+) -> tuple[JobSpec, JobUnits]:
     names = UnitNames.for_job(job)
     ranks = tuple(
         RankSpec(
@@ -111,6 +117,7 @@ def make_job(commands: Sequence[Sequence[str]], job: str = "t") -> tuple[JobSpec
         master_port=1,
         grace_sec=1.0,
         ranks=ranks,
+        max_restarts=max_restarts,
     )
 
     def unit(name: str) -> UnitDefinition:
@@ -146,10 +153,10 @@ def no_children_left() -> bool:
     return False
 
 
-def test_all_succeed(wakeup: tuple[int, socket.socket]) -> None:
+def test_all_succeed(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exit 0"), sh("exit 0")])
-    report = Watcher(spec, units, sd, wakeup[0]).run()
+    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert report.status == 0 and report.cause is Cause.SUCCEEDED
     assert [r.exit.code for r in report.ranks if r.exit] == [0, 0]
     # the ranks slice is stopped at the end even on success (leftover grandchildren)
@@ -162,10 +169,10 @@ def test_all_succeed(wakeup: tuple[int, socket.socket]) -> None:
     assert no_children_left()
 
 
-def test_first_failure_stops_the_gang(wakeup: tuple[int, socket.socket]) -> None:
+def test_first_failure_stops_the_gang(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exec sleep 60"), sh("exit 3"), sh("exec sleep 60")])
-    report = Watcher(spec, units, sd, wakeup[0]).run()
+    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert (report.status, report.cause, report.cause_rank) == (3, Cause.RANK_FAILED, 1)
     stopped = [r for r in report.ranks if r.rank != 1]
     assert all(
@@ -174,59 +181,99 @@ def test_first_failure_stops_the_gang(wakeup: tuple[int, socket.socket]) -> None
     assert no_children_left()
 
 
-def test_early_success_is_not_a_failure(wakeup: tuple[int, socket.socket]) -> None:
+def test_early_success_is_not_a_failure(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exit 0"), sh("sleep 0.3; exit 0")])
-    report = Watcher(spec, units, sd, wakeup[0]).run()
+    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert report.status == 0
 
 
-def test_rank_killed_by_signal(wakeup: tuple[int, socket.socket]) -> None:
+def test_rank_killed_by_signal(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("kill -KILL $$"), sh("exec sleep 60")])
-    report = Watcher(spec, units, sd, wakeup[0]).run()
+    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert (report.status, report.cause_rank) == (137, 0)
 
 
-def test_interrupt_stops_with_128_plus_n(wakeup: tuple[int, socket.socket]) -> None:
+def test_interrupt_stops_with_128_plus_n(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60")])
     wakeup[1].send(bytes([signal.SIGTERM]))
-    report = Watcher(spec, units, sd, wakeup[0]).run()
+    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert (report.status, report.cause) == (143, Cause.INTERRUPTED)
     assert all(r.exit is None or r.exit.stopped_by_watcher for r in report.ranks)
     assert no_children_left()
 
 
-def test_second_interrupt_kills(wakeup: tuple[int, socket.socket]) -> None:
+def test_second_interrupt_kills(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("trap '' TERM; sleep 60 & wait; sleep 60")])
     wakeup[1].send(bytes([signal.SIGINT, signal.SIGINT]))
-    report = Watcher(spec, units, sd, wakeup[0]).run()
+    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert report.status == 130
     assert ("kill", units.ranks[0].name) in sd.calls
 
 
-def test_job_exists(wakeup: tuple[int, socket.socket]) -> None:
+def test_job_exists(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exit 0")])
     sd.units[units.job_slice.name] = []
     with pytest.raises(JobExistsError, match="already running"):
-        Watcher(spec, units, sd, wakeup[0]).run()
+        Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
 
 
-def test_partial_start_is_undone(wakeup: tuple[int, socket.socket]) -> None:
+def test_partial_start_is_undone(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60"), sh("exec sleep 60")])
     sd = FakeSystemd(fail_start=units.ranks[1].name)
     with pytest.raises(SystemdError):
-        Watcher(spec, units, sd, wakeup[0]).run()
+        Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert ("stop", units.ranks_slice.name) in sd.calls
     assert no_children_left()
 
 
-def test_failed_start_job_kills_held_ranks(wakeup: tuple[int, socket.socket]) -> None:
+def test_failed_start_job_kills_held_ranks(
+    wakeup: tuple[int, socket.socket], tmp_path: Path
+) -> None:
     spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60")])
     sd = FakeSystemd(start_result="failed")
     with pytest.raises(SystemdError, match="failed"):
-        Watcher(spec, units, sd, wakeup[0]).run()
+        Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
     assert no_children_left()
+
+
+def test_restart_after_a_failure_on_the_first_attempt(
+    wakeup: tuple[int, socket.socket], tmp_path: Path
+) -> None:
+    fail_first = sh('[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exit 5; exit 0')
+    spec, units = make_job([sh("exec sleep 1"), fail_first], max_restarts=2)
+    sd = FakeSystemd()
+    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    assert (report.status, report.restarts) == (0, 1)
+    assert sd.calls.count(("start", units.ranks_slice.name)) == 2
+    assert no_children_left()
+
+
+def test_restarts_run_out(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
+    spec, units = make_job([sh("exit 0"), sh("exit 5")], max_restarts=2)
+    report = Watcher(spec, units, FakeSystemd(), wakeup[0], runtime_dir=tmp_path).run()
+    assert (report.status, report.restarts, report.cause_rank) == (5, 2, 1)
+
+
+def test_cause_rank_error_from_error_file_or_stderr(
+    wakeup: tuple[int, socket.socket], tmp_path: Path
+) -> None:
+    record = sh(
+        'printf \'{"message": {"message": "ValueError: x", "extraInfo": '
+        '{"py_callstack": "Traceback (most recent call last):\\\\nValueError: x"}}}\' '
+        '> "$TORCHELASTIC_ERROR_FILE"; exit 1'
+    )
+    spec, units = make_job([record, sh("exec sleep 60")])
+    report = Watcher(spec, units, FakeSystemd(), wakeup[0], runtime_dir=tmp_path).run()
+    cause = report.ranks[0]
+    assert cause.error == "Traceback (most recent call last):\nValueError: x"
+    assert cause.error_source is not None and "error file" in cause.error_source
+    assert report.ranks[1].error is None
+    spec, units = make_job([sh("echo one >&2; echo two >&2; exit 2")], job="u")
+    report = Watcher(spec, units, FakeSystemd(), wakeup[0], runtime_dir=tmp_path).run()
+    assert report.ranks[0].error == "one\ntwo"
+    assert list(tmp_path.joinpath("gpulaunch").iterdir()) == []  # error files cleaned up

@@ -1,0 +1,74 @@
+"""torchelastic's error-file contract: where a rank's `@record` writes its traceback.
+
+torch.distributed.elastic.multiprocessing.errors.record writes the exception of
+a failing entry point as JSON to $TORCHELASTIC_ERROR_FILE. The watcher gives
+each rank of each attempt its own file under a private run directory, reads
+the cause rank's file for the report, and removes the directory at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from gpulaunch.model import Manager
+
+
+def runtime_base(manager: Manager) -> Path:
+    """/run for the system manager, $XDG_RUNTIME_DIR for a user (tmp as a fallback)."""
+    if manager is Manager.SYSTEM and os.geteuid() == 0:
+        return Path("/run")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) if xdg and os.path.isdir(xdg) else Path(tempfile.gettempdir())
+
+
+class ErrorFiles:
+    """A private directory with one error-file path per attempt and rank."""
+
+    def __init__(self, base: Path, component: str) -> None:
+        parent = base / "gpulaunch"
+        parent.mkdir(mode=0o755, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix=f"{component[:100]}.", dir=parent))
+
+    def __enter__(self) -> ErrorFiles:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def path(self, attempt: int, rank: int) -> Path:
+        """Like torchrun: .../attempt_<n>/<rank>/error.json (the directory exists)."""
+        directory = self.root / f"attempt_{attempt}" / str(rank)
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory / "error.json"
+
+    def read(self, attempt: int, rank: int) -> str | None:
+        return read_error_file(self.root / f"attempt_{attempt}" / str(rank) / "error.json")
+
+
+def read_error_file(path: Path) -> str | None:
+    """The traceback (or message) a rank's `@record` wrote, or None."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, str):
+        return message.rstrip() or None
+    if not isinstance(message, dict):
+        return None
+    extra = message.get("extraInfo")
+    stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    if isinstance(stack, str) and stack.strip():
+        return stack.rstrip()
+    text = message.get("message")
+    return text.rstrip() if isinstance(text, str) and text.strip() else None
