@@ -57,7 +57,11 @@ class WaitStatus:
     core_dumped: bool
 
 
-def fork_held(body: Callable[[], object], fds: Mapping[int, int]) -> HeldChild:
+def fork_held(
+    body: Callable[[], object],
+    fds: Mapping[int, int],
+    ignore: Sequence[signal.Signals] = (),
+) -> HeldChild:
     """Fork a child that runs `body` once released.
 
     `fds` maps the child's fd numbers to the parent's fds to put there (e.g.
@@ -65,12 +69,14 @@ def fork_held(body: Callable[[], object], fds: Mapping[int, int]) -> HeldChild:
     the watcher dies while the child waits, no sibling keeps its gate open and
     it sees EOF and leaves. The child is its own process group: a terminal's
     Ctrl-C reaches the watcher only, which stops the ranks through systemd.
+    `ignore`: signals the child ignores from its very start (a gang stop can
+    reach it while it still waits at the gate).
     """
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; it never returns
         try:
-            gate = _child_setup(read_end, fds)
+            gate = _child_setup(read_end, fds, ignore)
             if os.read(gate, 1) != b"x":
                 os._exit(GATE_CLOSED)
             os.close(gate)
@@ -88,12 +94,14 @@ def fork_held(body: Callable[[], object], fds: Mapping[int, int]) -> HeldChild:
     return HeldChild(pid=pid, pidfd=pidfd, gate=write_end)
 
 
-def _child_setup(gate: int, fds: Mapping[int, int]) -> int:  # pragma: no cover - in the child
+def _child_setup(
+    gate: int, fds: Mapping[int, int], ignore: Sequence[signal.Signals]
+) -> int:  # pragma: no cover - in the child
     """Signals back to defaults, own process group, exactly the wanted fds; returns the gate fd."""
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal survives exec;
     # the watcher's handlers must not run here either.
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+        signal.signal(sig, signal.SIG_IGN if sig in ignore else signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     os.setpgid(0, 0)
     top = max([2, *fds]) + 1

@@ -22,6 +22,8 @@ import socket
 from dataclasses import dataclass
 
 JOURNAL_STDOUT = "/run/systemd/journal/stdout"
+# The pump drains the rank's pipes to the end; a broken watcher pipe is handled.
+IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)
 CHUNK = 65536
 
 # syslog priorities (sd-daemon.h): stdout as info, stderr as err.
@@ -90,9 +92,11 @@ def _close_journal(sock: socket.socket) -> None:
 def run_pump(
     inputs: dict[str, int], live: dict[str, int], journal: JournalTarget | None
 ) -> None:  # pragma: no cover - runs in the forked pump (exercised by integration tests)
-    """Copy each input stream to journald and to the watcher until every input is at EOF."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
+    """Copy each input stream to journald and to the watcher until every input is at EOF.
+
+    It is forked with IGNORED_SIGNALS ignored already: a gang stop may reach it
+    before this function runs.
+    """
     journals: dict[str, socket.socket] = {}
     if journal is not None:
         for stream in inputs:

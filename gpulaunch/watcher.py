@@ -43,7 +43,7 @@ from gpulaunch.model import (
 from gpulaunch.output import Output, OutputOptions, Stream
 from gpulaunch.plan import JobUnits
 from gpulaunch.procs import HeldChild, fork_held, kill_held, reap, spawn_held
-from gpulaunch.pump import JournalTarget, run_pump
+from gpulaunch.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.systemd import SystemdAPI
 from gpulaunch.units import UnitDefinition
 
@@ -323,6 +323,7 @@ class Watcher:
             rank.pump = fork_held(
                 lambda: run_pump({"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target),
                 {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
+                ignore=IGNORED_SIGNALS,
             )
             self._watch(rank.pump.pidfd, self._pump_handler(rank))
         finally:
