@@ -33,6 +33,7 @@ from gpulaunch.environment import omp_default_applies
 from gpulaunch.errors import GpulaunchError, UsageError
 from gpulaunch.gpus import parse_gpu_list
 from gpulaunch.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
+from gpulaunch.journal import sync as journal_sync
 from gpulaunch.model import JobSpec, Manager
 from gpulaunch.output import Output, OutputOptions, parse_ranks
 from gpulaunch.placement import Resources
@@ -428,10 +429,14 @@ def journal_drops(spec: JobSpec, output: Output) -> tuple[LogDrop, ...]:
     if burst is None:
         return ()
     drops = []
+    synced = False
     for rank in spec.ranks:
         written = output.lines(rank.rank)
         if written <= burst:
             continue  # the limit cannot have been reached
+        if not synced:
+            journal_sync(spec.manager)
+            synced = True
         stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}")
         if stored < written:
             drops.append(LogDrop(rank=rank.rank, written=written, stored=stored))

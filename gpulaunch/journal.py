@@ -24,7 +24,7 @@ from gpulaunch.names import UnitNames
 
 DEFAULT_BURST = 10000  # journald.conf(5), systemd 252
 CONF_DIRS = ("/usr/lib/systemd", "/usr/local/lib/systemd", "/run/systemd", "/etc/systemd")
-__all__ = ["LogDrop", "add_logs_parser", "rate_limit_burst", "stored_lines"]
+__all__ = ["LogDrop", "add_logs_parser", "rate_limit_burst", "stored_lines", "sync"]
 
 
 def _conf_files(root: Path) -> list[Path]:
@@ -64,6 +64,12 @@ def rate_limit_burst(root: Path = Path("/")) -> int | None:
 def _journalctl(manager: Manager, args: Sequence[str]) -> list[str]:
     unit_flag = ["--user"] if manager is Manager.USER else []
     return ["journalctl", "--no-pager", "-q", *unit_flag, *args]
+
+
+def sync(manager: Manager) -> None:
+    """Have journald store everything it has received (journalctl --sync; root only)."""
+    if manager is Manager.SYSTEM and os.geteuid() == 0:
+        subprocess.run(["journalctl", "--sync"], capture_output=True, check=False)
 
 
 def stored_lines(manager: Manager, unit: str, identifier: str) -> int:

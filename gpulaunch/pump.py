@@ -15,13 +15,19 @@ like any process of the scope.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import selectors
 import signal
 import socket
+import struct
+import termios
+import time
 from dataclasses import dataclass
 
 JOURNAL_STDOUT = "/run/systemd/journal/stdout"
+JOURNAL_BACKLOG = 16 << 20  # bytes a pump holds for journald before the rank must wait
+JOURNAL_DRAIN_TIMEOUT = 60.0  # at most this long for journald to read a finished stream
 # The pump drains the rank's pipes to the end; a broken watcher pipe is handled.
 IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)
 CHUNK = 65536
@@ -72,21 +78,63 @@ def _write_all(fd: int, data: bytes) -> bool:
     return True
 
 
-def _close_journal(sock: socket.socket) -> None:
-    """End a journal stream and wait until journald has read all of it.
-
-    journald closes its end once it has processed a stream's EOF. Staying
-    alive until then keeps every line attributed to the rank's unit (a gone
-    writer's lines can lose it), and tells the watcher, through this process's
-    exit, that the journal holds everything we sent.
-    """
+def _unread(sock: socket.socket) -> int:
+    """Bytes we sent that journald has not read yet (SIOCOUTQ, unix(7))."""
     try:
-        sock.shutdown(socket.SHUT_WR)
-        while sock.recv(1):
-            pass
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
     except OSError:
-        pass
+        return 0
+    value: int = struct.unpack("i", raw)[0]
+    return value
+
+
+def _close_journal(sock: socket.socket) -> None:
+    """Close a journal stream once journald has read all of it (bounded wait).
+
+    journald attributes a line to the unit of the process that wrote it, looked
+    up when it reads the line: a writer already gone can lose its unit. It
+    sends no acknowledgement and shuts its side of the stream at once, so the
+    socket's unread-bytes count is the only sign that it caught up: checked
+    every few milliseconds, only here, at the end of the pump's life.
+    """
+    deadline = time.monotonic() + JOURNAL_DRAIN_TIMEOUT
+    while _unread(sock) > 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
     sock.close()
+
+
+class _JournalStream:
+    """One stream to journald with a backlog, written as journald accepts it.
+
+    The backlog keeps the rank from waiting on journald, which parses every
+    line and is slower than a rank printing in a tight loop.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.backlog = bytearray()
+        self.sent = 0  # bytes of the backlog already written
+
+    @property
+    def pending(self) -> int:
+        return len(self.backlog) - self.sent
+
+    def flush(self) -> bool:
+        """Write what journald takes now; False once journald is gone."""
+        while self.pending:
+            try:
+                self.sent += self.sock.send(memoryview(self.backlog)[self.sent :])
+            except BlockingIOError:
+                break
+            except OSError:
+                self.backlog.clear()
+                self.sent = 0
+                return False
+        if self.sent and self.sent * 2 >= len(self.backlog):
+            del self.backlog[: self.sent]  # compact now and then, not on every send
+            self.sent = 0
+        return True
 
 
 def run_pump(
@@ -95,36 +143,85 @@ def run_pump(
     """Copy each input stream to journald and to the watcher until every input is at EOF.
 
     It is forked with IGNORED_SIGNALS ignored already: a gang stop may reach it
-    before this function runs.
+    before this function runs. Up to JOURNAL_BACKLOG bytes wait for journald
+    in memory; beyond that the pump stops reading and the rank waits.
     """
-    journals: dict[str, socket.socket] = {}
+    journals: dict[str, _JournalStream] = {}
     if journal is not None:
         for stream in inputs:
             try:
-                journals[stream] = open_journal_stream(journal, stream)
+                journals[stream] = _JournalStream(open_journal_stream(journal, stream))
             except OSError:
                 pass  # journald went away since the watcher checked: the live copy goes on
     selector = selectors.DefaultSelector()
-    for stream, fd in inputs.items():
-        selector.register(fd, selectors.EVENT_READ, stream)
+    reading = dict(inputs)
     open_live = dict(live)
-    while selector.get_map():
+    paused = False
+
+    def set_reading(on: bool) -> None:
+        for stream, fd in reading.items():
+            if on:
+                selector.register(fd, selectors.EVENT_READ, ("in", stream))
+            else:
+                selector.unregister(fd)
+
+    writing: set[str] = set()  # journal streams waiting for journald to accept more
+    last_newline: dict[str, bool] = {}  # whether a stream's output so far ends a line
+
+    def watch_journal(stream: str) -> None:
+        js = journals[stream]
+        if js.pending and stream not in writing:
+            selector.register(js.sock, selectors.EVENT_WRITE, ("journal", stream))
+            writing.add(stream)
+        elif not js.pending and stream in writing:
+            selector.unregister(js.sock)
+            writing.discard(stream)
+
+    def flush(stream: str) -> None:
+        if not journals[stream].flush():
+            js = journals.pop(stream)
+            if stream in writing:
+                selector.unregister(js.sock)
+                writing.discard(stream)
+            js.sock.close()
+            return
+        watch_journal(stream)
+
+    set_reading(True)
+    while reading or any(js.pending for js in journals.values()):
         for key, _ in selector.select():
-            stream = key.data
+            kind, stream = key.data
+            if kind == "journal":
+                if stream in journals:
+                    flush(stream)
+                continue
             data = os.read(key.fd, CHUNK)
             if not data:
                 selector.unregister(key.fd)
                 os.close(key.fd)
-                if stream in journals:
-                    _close_journal(journals.pop(stream))
+                del reading[stream]
+                if stream in journals and not last_newline.get(stream, True):
+                    # journald would store a last line without newline only at EOF;
+                    # ending it here lets "all bytes read" mean "all lines stored".
+                    journals[stream].backlog += b"\n"
+                    flush(stream)
                 if stream in open_live:
                     os.close(open_live.pop(stream))
                 continue
-            if stream in journals:
-                try:
-                    journals[stream].sendall(data)
-                except OSError:
-                    journals.pop(stream).close()
             if stream in open_live and not _write_all(open_live[stream], data):
                 os.close(open_live.pop(stream))
+            last_newline[stream] = data.endswith(b"\n")
+            if stream in journals:
+                journals[stream].backlog += data
+                flush(stream)
+        backlog = sum(js.pending for js in journals.values())
+        if not paused and backlog > JOURNAL_BACKLOG:
+            set_reading(False)
+            paused = True
+        elif paused and backlog <= JOURNAL_BACKLOG // 2:
+            set_reading(True)
+            paused = False
+    for js in journals.values():
+        js.sock.setblocking(True)
+        _close_journal(js.sock)
     os._exit(0)

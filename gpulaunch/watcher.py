@@ -129,6 +129,7 @@ class Watcher:
         self._aio = asyncio.new_event_loop()
         self._changed: asyncio.Future[None] | None = None
         self.attempt = 0  # restarts of the whole gang so far (--max-restarts)
+        self._settle_deadline: float | None = None  # see _finished
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
 
@@ -185,6 +186,7 @@ class Watcher:
         )
         self.ranks = [Rank(spec=r) for r in self.spec.ranks]
         self.stop_issued = False
+        self._settle_deadline = None
         self._set_phase(Phase.STARTING)
         # The gang stop removed the ranks slice; the new ranks need it again.
         self._wait_job(self._start_unit(self.units.ranks_slice), self.units.ranks_slice.name)
@@ -236,12 +238,21 @@ class Watcher:
     def _finished(self) -> bool:
         if any(r.state.alive for r in self.ranks):
             return False
-        if not self.stop_issued:
-            # Every rank ended by itself: stop the ranks slice anyway, so that
-            # nothing a rank left behind (a daemonised helper) outlives the job.
-            self._begin_stop()
         pumps_done = all(r.pump is None or r.pump.pidfd < 0 for r in self.ranks)
-        return self.stop_job is None and pumps_done and self.output.open_pipes == 0
+        output_done = pumps_done and self.output.open_pipes == 0
+        if not self.stop_issued:
+            # Every rank ended by itself. Let the log pumps hand their last lines
+            # to journald first (stopping the slice would end them after the
+            # grace), unless something the ranks left behind keeps their output
+            # open: then after the grace. Either way stop the ranks slice, so
+            # that nothing a rank left behind (a daemonised helper) outlives it.
+            if not output_done and self._settle_deadline is None:
+                self._settle_deadline = self.clock() + self.spec.grace_sec
+                self._aio.call_later(self.spec.grace_sec, self._poke)
+            if not output_done and self.clock() < (self._settle_deadline or 0):
+                return False
+            self._begin_stop()
+        return self.stop_job is None and output_done
 
     # -- starting ---------------------------------------------------------
 

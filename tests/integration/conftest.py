@@ -15,6 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 BOX_TIMES = pytest.StashKey[dict[str, float]]()
 
 
+def box_files() -> dict[str, str]:
+    """What setup installs into /etc for gpulaunch, written into a box before it boots."""
+    # gpulaunch's D-Bus policy, as scripts/setup.sh installs it (tests must not need setup).
+    policy = (REPO / "packaging" / "dbus" / "io.gpulaunch.conf").read_text()
+    return {"etc/dbus-1/system.d/io.gpulaunch.conf": policy}
+
+
 @pytest.fixture(scope="session")
 def box(request: pytest.FixtureRequest) -> Iterator[Box | HostSystemd]:
     """A running systemd: the host's, else a box binding the repository.
@@ -26,8 +33,7 @@ def box(request: pytest.FixtureRequest) -> Iterator[Box | HostSystemd]:
         return
     times = request.config.stash.setdefault(BOX_TIMES, {})
     # gpulaunch's D-Bus policy, as scripts/setup.sh installs it (tests must not need setup).
-    policy = (REPO / "packaging" / "dbus" / "io.gpulaunch.conf").read_text()
-    booted = Box(binds=[REPO], files={"etc/dbus-1/system.d/io.gpulaunch.conf": policy})
+    booted = Box(binds=[REPO], files=box_files())
     with booted:
         times["boot"] = booted.boot_seconds
         yield booted

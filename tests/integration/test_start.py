@@ -71,7 +71,10 @@ def test_watcher_sigkill_leaves_nothing(job: Job) -> None:
 
 
 def test_grandchildren_are_gone_when_the_job_ends(job: Job) -> None:
-    res = job.run("--nproc", "2", script_args=["--grandchild", "--daemon", "--sleep", "0.2"])
+    # The daemons keep the ranks' output open: the watcher waits --grace for it, then stops them.
+    res = job.run(
+        "--nproc", "2", "--grace", "1", script_args=["--grandchild", "--daemon", "--sleep", "0.2"]
+    )
     assert res.returncode == 0, res.stderr
     assert set(job.pids()) == {f"rank{r}{s}" for r in range(2) for s in ("", "-child", "-daemon")}
     assert_clean(job)
