@@ -67,6 +67,7 @@ class Rank:
     state: RankState = RankState.PENDING
     child: HeldChild | None = None
     pump: HeldChild | None = None  # copies the rank's output to journald and to us
+    in_scope: bool = False  # systemd finished moving it (and its pump) into its scope
     born_at: float = 0.0
     stop_requested: bool = False
     exit: RankExit | None = None
@@ -130,6 +131,7 @@ class Watcher:
         self._changed: asyncio.Future[None] | None = None
         self.attempt = 0  # restarts of the whole gang so far (--max-restarts)
         self._settle_deadline: float | None = None  # see _finished
+        self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
 
@@ -187,6 +189,7 @@ class Watcher:
         self.ranks = [Rank(spec=r) for r in self.spec.ranks]
         self.stop_issued = False
         self._settle_deadline = None
+        self._all_forked = False
         self._set_phase(Phase.STARTING)
         # The gang stop removed the ranks slice; the new ranks need it again.
         self._wait_job(self._start_unit(self.units.ranks_slice), self.units.ranks_slice.name)
@@ -309,6 +312,8 @@ class Watcher:
             except GpulaunchError as exc:
                 self.start_error = exc
                 return
+        self._all_forked = True
+        self._open_gates()
         if not self.stop_issued:
             self._set_phase(Phase.RUNNING)
 
@@ -378,11 +383,28 @@ class Watcher:
             )
             self._begin_stop()
             return
-        assert rank.child is not None and rank.pump is not None
-        rank.pump.release()
-        rank.child.release()
-        rank.born_at = self.clock()
-        self._advance(rank, RankState.RUNNING)
+        rank.in_scope = True
+        self._open_gates()
+
+    def _open_gates(self) -> None:
+        """Let every rank run at once, when all of them are in their scopes.
+
+        One by one would let the first ranks' start-up compete for the CPUs with
+        the watcher still creating the others' scopes; and a gang waits for its
+        slowest member at its first collective anyway.
+        """
+        if self.stop_issued or not self._all_forked or not all(r.in_scope for r in self.ranks):
+            return
+        for rank in self.ranks:
+            if rank.state is RankState.HELD:
+                assert rank.child is not None and rank.pump is not None
+                rank.pump.release()
+                rank.child.release()
+        now = self.clock()
+        for rank in self.ranks:
+            if rank.state is RankState.HELD:
+                rank.born_at = now
+                self._advance(rank, RankState.RUNNING)
 
     def _exit_handler(self, rank: Rank) -> Callable[[], None]:
         return lambda: self._on_exit(rank)
