@@ -35,6 +35,7 @@ from gpulaunch.gpus import parse_gpu_list
 from gpulaunch.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
 from gpulaunch.journal import sync as journal_sync
 from gpulaunch.model import JobSpec, Manager
+from gpulaunch.options import add_manager_options, manager_of
 from gpulaunch.output import Output, OutputOptions, parse_ranks
 from gpulaunch.placement import Resources
 from gpulaunch.plan import (
@@ -211,21 +212,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="look for unit templates here first (repeatable)",
     )
-    manager = p.add_mutually_exclusive_group()
-    manager.add_argument(
-        "--system",
-        dest="manager",
-        action="store_const",
-        const=Manager.SYSTEM,
-        help="use the system manager (default as root)",
-    )
-    manager.add_argument(
-        "--user",
-        dest="manager",
-        action="store_const",
-        const=Manager.USER,
-        help="use your user manager (default when not root)",
-    )
+    add_manager_options(p, "the job's units")
     p.add_argument("script", help="the training script (run with this Python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -315,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def start_options(args: argparse.Namespace) -> StartOptions:
-    manager = args.manager or (Manager.SYSTEM if os.geteuid() == 0 else Manager.USER)
+    manager = manager_of(args)
     return StartOptions(
         script=args.script,
         args=tuple(args.args),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +21,7 @@ from gpulaunch.errors import JobLostError, NoSystemdError, UnknownJobError
 from gpulaunch.jobview import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.names import UnitNames
+from gpulaunch.options import add_manager_options, manager_of
 from gpulaunch.report import format_report
 
 if TYPE_CHECKING:
@@ -76,29 +76,9 @@ def add_parsers(sub: Any) -> None:
 
 
 def _common(p: argparse.ArgumentParser, json_option: bool = False) -> None:
-    manager = p.add_mutually_exclusive_group()
-    manager.add_argument(
-        "--system",
-        dest="manager",
-        action="store_const",
-        const=Manager.SYSTEM,
-        help="jobs of the system manager, on the system bus (default as root)",
-    )
-    manager.add_argument(
-        "--user",
-        dest="manager",
-        action="store_const",
-        const=Manager.USER,
-        help="jobs of your user manager, on your session bus (default otherwise)",
-    )
+    add_manager_options(p)
     if json_option:
         p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-
-
-def _manager(args: argparse.Namespace) -> Manager:
-    if args.manager is not None:
-        return Manager(args.manager)
-    return Manager.SYSTEM if os.geteuid() == 0 else Manager.USER
 
 
 def _unknown(job: str, manager: Manager) -> UnknownJobError:
@@ -125,7 +105,7 @@ def _ended_view(job: str, manager: Manager, outcome: Outcome) -> JobView:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    manager = _manager(args)
+    manager = manager_of(args)
     views = _with_client(manager, lambda c: c.running())
     if args.all:
         running = {v.job for v in views}
@@ -153,7 +133,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    manager = _manager(args)
+    manager = manager_of(args)
     unreachable: NoSystemdError | None = None
     try:
         view = _with_client(manager, lambda c: c.find(args.job))
@@ -173,7 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    manager = _manager(args)
+    manager = manager_of(args)
     job = args.job
     try:
         outcome = _with_client(manager, lambda c: c.stop_job(job, block=not args.no_block))
@@ -190,7 +170,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    manager = _manager(args)
+    manager = manager_of(args)
     try:
         outcome = _with_client(manager, lambda c: c.wait(args.job))
     except KeyboardInterrupt:

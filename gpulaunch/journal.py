@@ -21,6 +21,7 @@ from typing import Any
 from gpulaunch.errors import UnknownJobError
 from gpulaunch.model import LogDrop, Manager
 from gpulaunch.names import UnitNames
+from gpulaunch.options import add_manager_options, manager_of
 
 DEFAULT_BURST = 10000  # journald.conf(5), systemd 252
 CONF_DIRS = ("/usr/lib/systemd", "/usr/local/lib/systemd", "/run/systemd", "/etc/systemd")
@@ -155,15 +156,13 @@ def add_logs_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep showing new lines")
     p.add_argument("--since", metavar="TIME", help="only lines since TIME (journalctl --since)")
     p.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
-    manager = p.add_mutually_exclusive_group()
-    manager.add_argument("--system", dest="manager", action="store_const", const=Manager.SYSTEM)
-    manager.add_argument("--user", dest="manager", action="store_const", const=Manager.USER)
+    add_manager_options(p, "logs")
     p.set_defaults(func=cmd_logs)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     """`gpulaunch logs`: journalctl for the job's rank units, with rank prefixes."""
-    manager = args.manager or (Manager.SYSTEM if os.geteuid() == 0 else Manager.USER)
+    manager = manager_of(args)
     argv = logs_command(manager, args.job, args.rank, args.follow, args.since, args.lines)
     if not args.follow:
         probe = [*argv[:3], argv[3], "-o", "cat", "--lines=1"]

@@ -12,7 +12,6 @@ codec carries its own signature, so we encode it with pystemd's
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -287,8 +286,3 @@ def _encode(value: object) -> object:
     if isinstance(value, tuple):
         return tuple(_encode(v) for v in value)
     return value
-
-
-def default_manager() -> Manager:
-    """Root uses the system manager; anyone else their own user manager."""
-    return Manager.SYSTEM if os.geteuid() == 0 else Manager.USER
