@@ -1,0 +1,5 @@
+"""gpulaunch's benchmark suite: each scenario under gpulaunch and under `torchrun --standalone`.
+
+`python -m bench` runs every scenario (inside the project's systemd box where the host
+runs no systemd) and writes `bench/results/<date>.md` and `.json`. See bench/cli.py.
+"""

@@ -1,0 +1,255 @@
+"""The two launchers under test, and one started run of either.
+
+Both run the same rank script on the same machine with the same arguments:
+
+    gpulaunch start --nproc N --job TOKEN SCRIPT ARGS...
+    torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node N SCRIPT ARGS...
+
+`--local-addr 127.0.0.1` because torchrun otherwise hands the ranks the machine's
+hostname as MASTER_ADDR, and the box's hostname (its own UTS namespace) does not
+resolve: the ranks would retry for minutes. gpulaunch uses 127.0.0.1 by default.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import select
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from bench import procs
+
+BIN = Path(sys.executable).parent
+RANKS = Path(__file__).resolve().parent / "ranks"
+
+
+class Launcher(enum.StrEnum):
+    """A launcher under test; `gpulaunch` is ours."""
+
+    GPULAUNCH = "gpulaunch"
+    TORCHRUN = "torchrun"
+
+
+LAUNCHERS = (Launcher.GPULAUNCH, Launcher.TORCHRUN)
+
+
+def order(rep: int) -> tuple[Launcher, Launcher]:
+    """Interleave: each repetition runs both, alternating which goes first."""
+    return LAUNCHERS if rep % 2 == 0 else LAUNCHERS[::-1]
+
+
+def new_token(label: str) -> str:
+    """A token unique to one run: also the gpulaunch job id (no character needs escaping)."""
+    return f"bench_{label}_{uuid.uuid4().hex[:10]}"
+
+
+def rank_script(name: str) -> str:
+    return str(RANKS / f"{name}.py")
+
+
+def command(
+    launcher: Launcher, nproc: int, script: str, args: Sequence[str], token: str
+) -> list[str]:
+    """The launcher's command line; the token is the job id and the ranks' --token."""
+    script_args = [*args, "--token", token]
+    if launcher is Launcher.GPULAUNCH:
+        return [
+            str(BIN / "gpulaunch"),
+            "start",
+            "--nproc",
+            str(nproc),
+            "--job",
+            token,
+            script,
+            *script_args,
+        ]
+    return [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--local-addr",
+        "127.0.0.1",
+        "--nproc-per-node",
+        str(nproc),
+        script,
+        *script_args,
+    ]
+
+
+def environment(token: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra or {})
+    env[procs.TOKEN_VAR] = token
+    env.pop("OMP_NUM_THREADS", None)  # both launchers set 1 unless it is set
+    return env
+
+
+@dataclass
+class Run:
+    """One launcher process we started; `pid` is the launcher itself (torchrun: its agent)."""
+
+    launcher: Launcher
+    token: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    started_at: float  # time.time() just before the fork
+    pidfd: int
+    exited_at: float | None = None
+    chunks: list[tuple[float, bytes]] = field(default_factory=list)  # stdout, when captured
+    # CPU of the launcher and every descendant it reaped (its ranks, its helpers): wait4(2).
+    tree_cpu_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the launcher to exit; records when it did."""
+        if self.exited_at is not None:
+            return True
+        if self.proc.stdout is not None:
+            return self._pump(time.monotonic() + timeout, until_eof=False)
+        ready, _, _ = select.select([self.pidfd], [], [], max(timeout, 0))
+        if ready:
+            self._exited()
+        return self.exited_at is not None
+
+    def drain(self, timeout: float) -> bool:
+        """Read the captured stdout to EOF and wait for the exit; False on timeout."""
+        return self._pump(time.monotonic() + timeout, until_eof=True)
+
+    def _pump(self, deadline: float, until_eof: bool) -> bool:
+        out = self.proc.stdout
+        assert out is not None
+        fd = out.fileno()
+        while True:
+            watched = [self.pidfd] if self.exited_at is None else []
+            if not out.closed:
+                watched.append(fd)
+            if not watched or (not until_eof and self.exited_at is not None):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _, _ = select.select(watched, [], [], left)
+            if fd in ready:
+                data = os.read(fd, 1 << 20)
+                if data:
+                    self.chunks.append((time.time(), data))
+                else:
+                    out.close()
+            if self.pidfd in ready:
+                self._exited()
+
+    def _exited(self) -> None:
+        self.exited_at = time.time()
+        _, status, rusage = os.wait4(self.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)  # Popen will not wait again
+        self.tree_cpu_s = rusage.ru_utime + rusage.ru_stime
+        os.close(self.pidfd)
+        self.pidfd = -1
+
+    def signal(self, signum: int) -> None:
+        if self.exited_at is None:
+            os.kill(self.pid, signum)
+
+    def close(self, cap: float = 10.0) -> list[str]:
+        """Kill whatever of this run is left; returns what had to be cleaned up (or nothing)."""
+        leftovers = []
+        if self.exited_at is None and self.proc.poll() is None:
+            leftovers.append("launcher still running")
+            self.proc.kill()
+        self.proc.wait()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+        killed = procs.kill_token(self.token, cap)
+        if killed:
+            leftovers.append(f"{killed} job processes killed")
+        if self.launcher is Launcher.GPULAUNCH:
+            units = job_units(self.token)
+            if units:
+                leftovers.append(f"units left: {' '.join(units)}")
+                stop_job(self.token)
+        return leftovers
+
+
+def start(
+    launcher: Launcher,
+    nproc: int,
+    script: str,
+    args: Sequence[str],
+    label: str,
+    log_dir: Path,
+    capture: bool = False,
+    extra_env: Mapping[str, str] | None = None,
+) -> Run:
+    """Start a launcher; its stdout is captured (read with `drain`) or written to a file."""
+    token = new_token(label)
+    argv = command(launcher, nproc, script, args, token)
+    stderr = open(log_dir / f"{token}.{launcher}.err", "wb")  # noqa: SIM115 - closed below
+    stdout: int | IO[bytes] = (
+        subprocess.PIPE if capture else open(log_dir / f"{token}.{launcher}.out", "wb")  # noqa: SIM115
+    )
+    try:
+        started_at = time.time()
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env=environment(token, extra_env),
+        )
+    finally:
+        stderr.close()
+        if not isinstance(stdout, int):
+            stdout.close()
+    return Run(launcher, token, argv, proc, started_at, os.pidfd_open(proc.pid))
+
+
+def stderr_tail(run: Run, log_dir: Path, lines: int = 8) -> str:
+    path = log_dir / f"{run.token}.{run.launcher}.err"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def job_units(token: str) -> list[str]:
+    """The gpulaunch job's units that systemd still knows, in any state."""
+    out = subprocess.run(
+        ["systemctl", "list-units", "--all", "--plain", "--no-legend", f"gpulaunch-{token}*"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def stop_job(token: str) -> None:
+    subprocess.run(
+        ["systemctl", "stop", f"gpulaunch-{token}.slice"], capture_output=True, check=False
+    )
+
+
+def wait_units_gone(token: str, cap: float) -> float | None:
+    """Seconds until systemd no longer lists any unit of the job; None after `cap`."""
+    start = time.monotonic()
+    while job_units(token):
+        if time.monotonic() - start > cap:
+            return None
+        time.sleep(0.05)
+    return time.monotonic() - start
