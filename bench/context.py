@@ -63,6 +63,7 @@ class Context:
         args: Sequence[str],
         label: str,
         capture: bool = False,
+        tee: bool = False,
     ) -> Run:
         """Start a run of `script` under `launcher` (bench/launchers.py), logs in the scratch."""
         reading = machine.read_cpu()
@@ -75,6 +76,7 @@ class Context:
             self.scratch,
             capture=capture,
             extra_env=self.launch_env,
+            tee=tee,
         )
         self._cpu_at_start[run.token] = reading
         return run

@@ -55,9 +55,18 @@ def rank_script(name: str) -> str:
 
 
 def command(
-    launcher: Launcher, nproc: int, script: str, args: Sequence[str], token: str
+    launcher: Launcher,
+    nproc: int,
+    script: str,
+    args: Sequence[str],
+    token: str,
+    tee: bool = False,
 ) -> list[str]:
-    """The launcher's command line; the token is the job id and the ranks' --token."""
+    """The launcher's command line; the token is the job id and the ranks' --token.
+
+    `tee`: torchrun with `--tee 3` (every rank's stdout and stderr to the console
+    with rank prefixes and to log files), what gpulaunch's live view does anyway.
+    """
     script_args = [*args, "--token", token]
     if launcher is Launcher.GPULAUNCH:
         return [
@@ -77,6 +86,7 @@ def command(
         "127.0.0.1",
         "--nproc-per-node",
         str(nproc),
+        *(["--tee", "3"] if tee else []),
         script,
         *script_args,
     ]
@@ -195,10 +205,11 @@ def start(
     log_dir: Path,
     capture: bool = False,
     extra_env: Mapping[str, str] | None = None,
+    tee: bool = False,
 ) -> Run:
     """Start a launcher; its stdout is captured (read with `drain`) or written to a file."""
     token = new_token(label)
-    argv = command(launcher, nproc, script, args, token)
+    argv = command(launcher, nproc, script, args, token, tee)
     stderr = open(log_dir / f"{token}.{launcher}.err", "wb")  # noqa: SIM115 - closed below
     stdout: int | IO[bytes] = (
         subprocess.PIPE if capture else open(log_dir / f"{token}.{launcher}.out", "wb")  # noqa: SIM115

@@ -106,7 +106,8 @@ def _once(ctx: Context, launcher: Launcher) -> Outcome:
     args = ["--lines", str(cfg.output_lines)]
     box = procs.pids_by_comm(*BOX_HELPERS)
     box_cpu = procs.cpu_of(box)
-    run = ctx.start(launcher, cfg.output_nproc, "spew", args, "spew", capture=True)
+    # torchrun --tee 3: rank-prefixed console output, as gpulaunch's live view
+    run = ctx.start(launcher, cfg.output_nproc, "spew", args, "spew", capture=True, tee=True)
     try:
         if not run.drain(cfg.run_cap_s):
             ctx.problem(f"output ({launcher}): no end within {cfg.run_cap_s:g} s")
