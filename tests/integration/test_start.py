@@ -312,19 +312,19 @@ def box_user(box: object) -> tuple[int, dict[str, str]]:
     return uid, env
 
 
+def as_user(uid: int, env: dict[str, str], argv: list[str]) -> list[str]:
+    """argv run as the box's ordinary user, with its user manager's environment."""
+    return [
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--init-groups",
+        "env", *[f"{k}={v}" for k, v in env.items()], *argv,
+    ]  # fmt: skip
+
+
 def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], job: Job) -> None:
     uid, env = box_user
     os.chmod(job.dir, 0o777)
     res = job.box.run(
-        [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--init-groups",
-            "env",
-            *[f"{k}={v}" for k, v in env.items()],
-            *job.argv("--nproc", "2", script_args=["--print"]),
-        ],
+        as_user(uid, env, job.argv("--nproc", "2", script_args=["--print"])),
         cwd=str(REPO),
         capture_output=True,
         text=True,
@@ -333,21 +333,7 @@ def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], j
     user_slice = f"0::/user.slice/user-{uid}.slice/user@{uid}.service/gpulaunch.slice/"
     assert f"rank 1 cgroup {user_slice}{job.names.job_slice}/{job.names.ranks_slice}/" in res.stdout
     leftover = job.box.run(
-        [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--init-groups",
-            "env",
-            *[f"{k}={v}" for k, v in env.items()],
-            "systemctl",
-            "--user",
-            "list-units",
-            "--all",
-            "--plain",
-            "--no-legend",
-            "gpulaunch-*",
-        ],
+        as_user(uid, env, ["systemctl", "--user", "list-units", "--all", "--plain", "--no-legend"]),
         capture_output=True,
         text=True,
         check=True,
