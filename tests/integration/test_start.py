@@ -333,7 +333,7 @@ def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], j
     user_slice = f"0::/user.slice/user-{uid}.slice/user@{uid}.service/gpulaunch.slice/"
     assert f"rank 1 cgroup {user_slice}{job.names.job_slice}/{job.names.ranks_slice}/" in res.stdout
     leftover = job.box.run(
-        as_user(uid, env, ["systemctl", "--user", "list-units", "--all", "--plain", "--no-legend"]),
+        as_user(uid, env, ["systemctl", "--user", "list-units", "--all", "--plain", "gpulaunch-*"]),
         capture_output=True,
         text=True,
         check=True,
