@@ -52,6 +52,7 @@ class JobSpec:
     ranks: tuple[RankSpec, ...]
     memory_max: str | None = None
     max_restarts: int = 0
+    command: tuple[str, ...] = ()  # what the user asked to run, as given (for descriptions)
 
 
 class RankState(enum.StrEnum):

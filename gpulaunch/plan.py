@@ -153,6 +153,7 @@ def make_spec(
         ranks=ranks,
         memory_max=opts.memory_max,
         max_restarts=opts.max_restarts,
+        command=(("-m",) if opts.launch is Launch.MODULE else ()) + (opts.script, *opts.args),
     )
 
 
@@ -228,7 +229,7 @@ def render_units(spec: JobSpec, templates: Templates) -> JobUnits:
         "argv": list(spec.argv),
         "memory_max": spec.memory_max,
         "job_memory_max": None,
-        "description": " ".join(spec.argv[2:]) if len(spec.argv) > 2 else " ".join(spec.argv),
+        "description": " ".join(spec.command),
     }
     rank_units = tuple(
         templates.render(
