@@ -221,6 +221,17 @@ def drop_in_job(box: object) -> Iterator[Job]:
 LINES = 200_000
 
 
+def run_volume(job: Job) -> Any:
+    """4 ranks x LINES numbered lines, checked complete in the live view and --log-dir."""
+    log_dir = job.dir / "logs"
+    res = job.run(
+        "--nproc", "4", "--log-dir", str(log_dir),
+        script=TALK, script_args=["--lines", str(LINES)], timeout=600,
+    )  # fmt: skip
+    check_volume(job, res, log_dir)
+    return res
+
+
 def check_volume(job: Job, res: Any, log_dir: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     per_rank: dict[str, list[str]] = {f"[{r}]": [] for r in range(4)}
@@ -234,17 +245,7 @@ def check_volume(job: Job, res: Any, log_dir: Path) -> None:
 
 
 def test_volume_without_drop_in_reports_drops(job: Job) -> None:
-    log_dir = job.dir / "logs"
-    res = job.run(
-        "--nproc",
-        "4",
-        "--log-dir",
-        str(log_dir),
-        script=TALK,
-        script_args=["--lines", str(LINES)],
-        timeout=600,
-    )
-    check_volume(job, res, log_dir)
+    res = run_volume(job)
     dropped = re.findall(r"journald dropped (\d+) of rank (\d)'s (\d+) lines", res.stderr)
     assert dropped, res.stderr[-2000:]
     for n, rank, written in dropped:
@@ -255,17 +256,7 @@ def test_volume_without_drop_in_reports_drops(job: Job) -> None:
 
 def test_volume_with_drop_in_keeps_everything(drop_in_job: Job) -> None:
     job = drop_in_job
-    log_dir = job.dir / "logs"
-    res = job.run(
-        "--nproc",
-        "4",
-        "--log-dir",
-        str(log_dir),
-        script=TALK,
-        script_args=["--lines", str(LINES)],
-        timeout=600,
-    )
-    check_volume(job, res, log_dir)
+    res = run_volume(job)
     assert "journald dropped" not in res.stderr
     job.box.run(["journalctl", "--sync"], check=True)
     for rank in range(4):
