@@ -8,6 +8,9 @@ Exit codes (also in the README):
   69      no systemd manager reachable
   70      internal error (a bug: rerun with --debug and report it)
   71      systemd refused or failed an operation
+  75      multi-node: the job stopped because another node was lost (its watcher died,
+          it stopped answering, or the store it served went away)
+  68      a multi-node job could not join its other nodes (the rendezvous failed)
   73      a job with this id is already running
   76      the job's watcher went away without saying how the job ended (`wait`, `stop`)
   77      permission denied by systemd or the bus
@@ -23,6 +26,7 @@ import socket
 import sys
 import traceback
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
@@ -35,6 +39,8 @@ from gpulaunch.gpus import parse_gpu_list
 from gpulaunch.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
 from gpulaunch.journal import sync as journal_sync
 from gpulaunch.model import JobSpec, Manager
+from gpulaunch.nodeplan import NodeOptions
+from gpulaunch.nodes import Layout
 from gpulaunch.options import add_manager_options, manager_of
 from gpulaunch.output import Output, OutputOptions, parse_ranks
 from gpulaunch.placement import Resources
@@ -78,21 +84,6 @@ def _nproc(text: str) -> int | str:
 
 # torchrun options gpulaunch does not take, and what to do instead.
 TORCHRUN_ONLY = {
-    (
-        "--nnodes",
-        "--node-rank",
-        "--node_rank",
-        "--rdzv-backend",
-        "--rdzv_backend",
-        "--rdzv-endpoint",
-        "--rdzv_endpoint",
-        "--rdzv-id",
-        "--rdzv_id",
-        "--rdzv-conf",
-        "--rdzv_conf",
-        "--local-addr",
-        "--local_addr",
-    ): "gpulaunch starts the ranks of one node; multi-node launch is not implemented yet",
     ("--tee",): "every rank's output is shown live anyway: choose ranks with --ranks, "
     "write files with --log-dir",
     ("--redirects",): "rank output always goes to the journal (gpulaunch logs JOB) and "
@@ -163,8 +154,49 @@ def _add_torchrun_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="restart all ranks up to N times after a failure (default: 0)",
     )
+    _add_node_options(p)
     for flags in TORCHRUN_ONLY:
         p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
+
+
+def _add_node_options(p: argparse.ArgumentParser) -> None:
+    """torchrun's multi-node flags (docs/multinode.md); under srun, SLURM's variables."""
+    g = p.add_argument_group("multi-node (one gpulaunch per node; see docs/multinode.md)")
+    g.add_argument("--nnodes", metavar="N", help="nodes in the job (default: 1, or SLURM's)")
+    g.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        metavar="R",
+        help="this node's rank, static rendezvous (default: 0, or SLURM_NODEID)",
+    )
+    g.add_argument(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        metavar="NAME",
+        help="static (default: --master-addr/--master-port) or c10d (--rdzv-endpoint)",
+    )
+    g.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        metavar="HOST[:PORT]",
+        help="the rendezvous store, the same on every node",
+    )
+    g.add_argument(
+        "--rdzv-id",
+        "--rdzv_id",
+        metavar="ID",
+        help="the job's id among the nodes (default: the job id, the same on every node)",
+    )
+    g.add_argument(
+        "--rdzv-conf", "--rdzv_conf", metavar="K=V,...", help="options for torch's rendezvous"
+    )
+    g.add_argument(
+        "--local-addr",
+        "--local_addr",
+        metavar="ADDR",
+        help="this node's address as the other nodes reach it (default: its FQDN)",
+    )
 
 
 def _add_start_options(p: argparse.ArgumentParser) -> None:
@@ -184,16 +216,16 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--master-addr",
         "--master_addr",
-        default="127.0.0.1",
         metavar="ADDR",
-        help="rank 0's address (default: 127.0.0.1)",
+        help="rank 0's address (default: 127.0.0.1; multi-node: node 0's, which serves the "
+        "static rendezvous)",
     )
     p.add_argument(
         "--master-port",
         "--master_port",
         type=int,
         metavar="PORT",
-        help="rank 0's port (default: a free port)",
+        help="rank 0's port (default: a free port; multi-node static: 29500)",
     )
     p.add_argument(
         "--grace",
@@ -323,12 +355,21 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         machine_root=args.machine_root,
         launch=args.launch or Launch.SCRIPT,
         max_restarts=args.max_restarts,
+        nodes=NodeOptions(
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            rdzv_backend=args.rdzv_backend,
+            rdzv_endpoint=args.rdzv_endpoint,
+            rdzv_id=args.rdzv_id,
+            rdzv_conf=args.rdzv_conf,
+            local_addr=args.local_addr,
+        ),
     )
 
 
-def _plan(args: argparse.Namespace) -> tuple[JobSpec, JobUnits]:
+def _plan(args: argparse.Namespace, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
     opts = start_options(args)
-    spec = make_spec(opts, default_environment(), os.getcwd())
+    spec = make_spec(opts, default_environment(), os.getcwd(), layout=layout)
     return spec, render_units(spec, Templates(opts.units_dirs))
 
 
@@ -354,6 +395,7 @@ def _signal_wakeup() -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from gpulaunch.bus import JobPublisher
+    from gpulaunch.peerlink import PeerLink
     from gpulaunch.pump import journal_reachable
     from gpulaunch.record import Recorder
     from gpulaunch.systemd import Systemd  # pystemd is only needed to run jobs
@@ -386,13 +428,31 @@ def cmd_start(args: argparse.Namespace) -> int:
             "for enforced isolation"
         )
     wakeup = _signal_wakeup()
+    with ExitStack() as stack:
+        peer = None
+        if spec.node_config is not None:
+            peer = PeerLink.spawn(spec.node_config)
+            stack.callback(peer.close)
+            cfg = spec.node_config
+            output.message(
+                f"gpulaunch: job {spec.job}: waiting for {cfg.nnodes} nodes at {cfg.endpoint} "
+                f"({cfg.backend} rendezvous)"
+            )
+            spec, units = _plan(args, layout=peer.join(wakeup))
 
-    def announce() -> None:
-        output.message(f"gpulaunch: job {spec.job}: {spec.nproc} ranks in {spec.names.job_slice}")
-        if detached is not None:
-            detached.started()
+        def announce() -> None:
+            where = f"{spec.nproc} ranks in {spec.names.job_slice}"
+            if spec.layout is not None:
+                first = spec.layout.first_rank
+                where = (
+                    f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"
+                    f"{first + spec.nproc - 1} of {spec.world_size} in {spec.names.job_slice}"
+                )
+            output.message(f"gpulaunch: job {spec.job}: {where}")
+            if detached is not None:
+                detached.started()
 
-    with Systemd(spec.manager) as sd:
+        sd = stack.enter_context(Systemd(spec.manager))
         watcher = Watcher(
             spec,
             units,
@@ -402,6 +462,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             observers=(Recorder(), JobPublisher()),  # the record first: Finished says it exists
             output=output,
             journal=journal_problem is None,
+            peer=peer,
         )
         report = watcher.run()
     if journal_problem is None:

@@ -34,6 +34,8 @@ def rank_environment(
     master_port: int,
     restart_count: int = 0,
     max_restarts: int = 0,
+    run_id: str | None = None,
+    use_agent_store: bool = False,
 ) -> dict[str, str]:
     """The full environment of one rank: `base` plus the launcher's variables."""
     env = dict(base)
@@ -50,12 +52,12 @@ def rank_environment(
             "ROLE_WORLD_SIZE": str(place.world_size),
             "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port),
-            "TORCHELASTIC_RUN_ID": job,
+            "TORCHELASTIC_RUN_ID": run_id or job,
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            # The ranks create the TCPStore themselves (rank 0 serves it); no
-            # agent hosts one for them.
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            # Single node: the ranks create the TCPStore themselves (rank 0 serves
+            # it). Multi-node: as torchrun's rendezvous says (a peer serves it).
+            "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
             "GPULAUNCH_JOB": job,
             "GPULAUNCH_UNIT": unit,
         }

@@ -83,3 +83,9 @@ class SystemdError(GpulaunchError):
     """systemd refused or failed an operation for a reason not covered above."""
 
     exit_code = 71  # EX_OSERR
+
+
+class NodeLinkError(GpulaunchError):
+    """A multi-node job could not join its other nodes (the rendezvous failed)."""
+
+    exit_code = 68  # EX_NOHOST

@@ -22,7 +22,7 @@ from gpulaunch.jobview import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.names import UnitNames
 from gpulaunch.options import add_manager_options, manager_of
-from gpulaunch.report import format_report
+from gpulaunch.report import format_report, nodes_line
 
 if TYPE_CHECKING:
     from gpulaunch.jobclient import JobClient, Outcome
@@ -215,4 +215,9 @@ def _live(view: JobView) -> str:
                 format_duration(r.runtime) if ended else "-",
             )
         )
-    return head + "\n" + "\n".join("  " + line for line in _table(rows).splitlines())
+    lines = [head]
+    if view.layout is not None:
+        lines.append("  " + nodes_line(view.layout))
+    if view.node_failure is not None:
+        lines.append(f"  the job's first failure: {view.node_failure.describe()}")
+    return "\n".join(lines + ["  " + line for line in _table(rows).splitlines()])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpulaunch.model import Cause, JobReport, Manager, RankExit, RankResult, RankState
+from gpulaunch.nodes import Layout, NodeFailure, NodeInfo
 
 if TYPE_CHECKING:
     from gpulaunch.watcher import Rank, Watcher
@@ -215,6 +216,37 @@ class JobView:
     cause_error: str = ""
     cause_error_source: str = ""
     ended_at: int = 0
+    # Multi-node jobs (-1 / () / "" for one node): this node, every node, and the
+    # job's first failure as all nodes agree on it (cause_node -1: not a node's).
+    node_rank: int = -1
+    nodes: tuple[NodeInfo, ...] = ()
+    cause_node: int = -1
+    cause_host: str = ""
+    cause_what: str = ""
+
+    @property
+    def layout(self) -> Layout | None:
+        if self.node_rank < 0:
+            return None
+        return Layout(
+            node_rank=self.node_rank,
+            nnodes=len(self.nodes),
+            world_size=self.world_size,
+            master_addr="",
+            master_port=0,
+            use_agent_store=True,
+            run_id="",
+            endpoint="",
+            nodes=self.nodes,
+        )
+
+    @property
+    def node_failure(self) -> NodeFailure | None:
+        if not self.cause_what:
+            return None
+        return NodeFailure(
+            node=self.cause_node, host=self.cause_host, status=self.status, what=self.cause_what
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -234,6 +266,9 @@ class JobView:
             "cause_error_source": self.cause_error_source or None,
             "ended_at_usec": self.ended_at or None,
             "ranks": [ranks_json(r) for r in self.ranks],
+            "node_rank": None if self.node_rank < 0 else self.node_rank,
+            "nodes": [dataclasses.asdict(n) for n in self.nodes],
+            "node_cause": None if self.node_failure is None else self.node_failure.to_dict(),
         }
 
     def report(self) -> JobReport:
@@ -257,6 +292,8 @@ class JobView:
             ),
             error=self.error or None,
             restarts=self.restarts,
+            layout=self.layout,
+            node_failure=self.node_failure,
         )
 
     @classmethod
@@ -273,6 +310,7 @@ class JobView:
             state = JobState(watcher.phase.value)
         ranks = report.ranks if report is not None else ()
         cause = next((r for r in ranks if report and r.rank == report.cause_rank), None)
+        failure = watcher.node_failure
         return cls(
             job=spec.job,
             slice=spec.names.job_slice,
@@ -289,6 +327,11 @@ class JobView:
             restarts=watcher.attempt,
             cause_error=(cause.error or "") if cause else "",
             cause_error_source=(cause.error_source or "") if cause else "",
+            node_rank=-1 if spec.layout is None else spec.layout.node_rank,
+            nodes=() if spec.layout is None else spec.layout.nodes,
+            cause_node=-1 if failure is None else failure.node,
+            cause_host="" if failure is None else failure.host,
+            cause_what="" if failure is None else failure.what,
         )
 
     def properties(self) -> dict[str, tuple[str, Any]]:
@@ -305,6 +348,11 @@ class JobView:
             "Status": ("i", self.status),
             "Cause": ("s", self.cause),
             "CauseRank": ("i", self.cause_rank),
+            "NodeRank": ("i", self.node_rank),
+            "Nodes": ("a" + NODE_SIGNATURE, [node_wire(n) for n in self.nodes]),
+            "CauseNode": ("i", self.cause_node),
+            "CauseHost": ("s", self.cause_host),
+            "CauseWhat": ("s", self.cause_what),
         }
 
     @classmethod
@@ -322,7 +370,26 @@ class JobView:
             status=int(props["Status"]),
             cause=str(props["Cause"]),
             cause_rank=int(props["CauseRank"]),
+            node_rank=int(props.get("NodeRank", -1)),
+            nodes=tuple(node_from_wire(n) for n in props.get("Nodes", ())),
+            cause_node=int(props.get("CauseNode", -1)),
+            cause_host=str(props.get("CauseHost", "")),
+            cause_what=str(props.get("CauseWhat", "")),
         )
+
+
+NODE_SIGNATURE = "(isuuu)"  # node, host, first rank, ranks, watcher pid
+
+
+def node_wire(node: NodeInfo) -> list[Any]:
+    return [node.node, node.host, node.first_rank, node.nproc, node.pid]
+
+
+def node_from_wire(wire: Sequence[Any]) -> NodeInfo:
+    node, host, first, nproc, pid = wire
+    return NodeInfo(
+        node=int(node), host=str(host), first_rank=int(first), nproc=int(nproc), pid=int(pid)
+    )
 
 
 def ranks_json(rank: RankView) -> dict[str, Any]:

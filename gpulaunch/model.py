@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpulaunch.names import UnitNames
+from gpulaunch.nodes import Layout, NodeConfig, NodeFailure
 
 
 class Manager(enum.StrEnum):
@@ -53,6 +54,8 @@ class JobSpec:
     memory_max: str | None = None
     max_restarts: int = 0
     command: tuple[str, ...] = ()  # what the user asked to run, as given (for descriptions)
+    node_config: NodeConfig | None = None  # multi-node: how this node joins the others
+    layout: Layout | None = None  # multi-node: where the rendezvous put this node
 
 
 class RankState(enum.StrEnum):
@@ -157,6 +160,7 @@ class Cause(enum.StrEnum):
     RANK_FAILED = "rank-failed"
     INTERRUPTED = "interrupted"
     START_FAILED = "start-failed"
+    NODE_FAILED = "node-failed"  # multi-node: the first failure was on another node
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,8 @@ class JobReport:
     error: str | None = None
     log_drops: tuple[LogDrop, ...] = ()
     restarts: int = 0  # how many times the gang was restarted (--max-restarts)
+    layout: Layout | None = None  # multi-node: this node and the others
+    node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
 
 
 @dataclass(frozen=True)
@@ -203,13 +209,20 @@ def first_failure(exits: Mapping[int, RankExit]) -> int | None:
 def job_outcome(
     exits: Mapping[int, RankExit],
     interrupt: tuple[float, int] | None = None,
+    elsewhere: tuple[float, int] | None = None,
 ) -> Outcome:
     """Apply DESIGN.md's exit-status rules.
 
     `interrupt` is (monotonic time, signal number) of the first SIGINT/SIGTERM/
     SIGHUP the watcher received, if any. The earliest of the first rank failure
     and the interrupt is the cause; ranks the watcher stopped never are.
+    `elsewhere` is (monotonic time, status) of a multi-node job's first failure
+    when the store says it happened on another node: every node agrees on that
+    one, so it beats this node's rank failures; an interrupt here before it
+    arrived still counts as this node's own cause.
     """
+    if elsewhere is not None and (interrupt is None or elsewhere[0] < interrupt[0]):
+        return Outcome(elsewhere[1], Cause.NODE_FAILED, None)
     rank = first_failure(exits)
     if interrupt is not None and (rank is None or interrupt[0] < exits[rank].observed_at):
         return Outcome(128 + interrupt[1], Cause.INTERRUPTED, None)

@@ -22,6 +22,8 @@ from gpulaunch.errors import UsageError
 from gpulaunch.gpus import visible_pool
 from gpulaunch.model import JobSpec, Manager, RankSpec
 from gpulaunch.names import UnitNames, validate_job_id
+from gpulaunch.nodeplan import NodeOptions, plan_nodes
+from gpulaunch.nodes import Layout
 from gpulaunch.placement import Machine, Resources, check_memory_max, place_ranks
 from gpulaunch.units import Templates, UnitDefinition
 
@@ -57,7 +59,7 @@ class StartOptions:
     args: tuple[str, ...]
     nproc: int | str  # a number, or "gpu", "cpu", "auto" (torchrun's --nproc-per-node)
     job: str | None
-    master_addr: str
+    master_addr: str | None  # None: not given (127.0.0.1, or what SLURM says)
     master_port: int | None
     grace_sec: float
     manager: Manager
@@ -68,12 +70,18 @@ class StartOptions:
     machine_root: Path | None = None  # test stand-in: a fake /proc and /sys (--machine-root)
     launch: Launch = Launch.SCRIPT
     max_restarts: int = 0
+    nodes: NodeOptions = NodeOptions()  # --nnodes, --node-rank, --rdzv-*, --local-addr
+
+
+def job_stem(script: str) -> str:
+    """The readable part of a default job id: the script's name, safe for unit names."""
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", Path(script).stem).strip("_") or "job"
+    return stem[:40]
 
 
 def generated_job_id(script: str) -> str:
     """`<script stem>_<6 hex>`: readable, unique, and needing no escaping."""
-    stem = re.sub(r"[^A-Za-z0-9_]+", "_", Path(script).stem).strip("_") or "job"
-    return f"{stem[:40]}_{secrets.token_hex(3)}"
+    return f"{job_stem(script)}_{secrets.token_hex(3)}"
 
 
 def free_port(addr: str) -> int:
@@ -91,12 +99,18 @@ def free_port(addr: str) -> int:
 
 
 def make_spec(
-    opts: StartOptions, base_env: Mapping[str, str], cwd: str, machine: Machine | None = None
+    opts: StartOptions,
+    base_env: Mapping[str, str],
+    cwd: str,
+    machine: Machine | None = None,
+    layout: Layout | None = None,
 ) -> JobSpec:
     """Check the options and plan every rank.
 
     `machine` says what GPUs and CPUs there are (default: this machine, or the fake one
     under `opts.machine_root`); it is read only when a placement option needs it.
+    `layout`: where the rendezvous put this node in a multi-node job; without it, a
+    multi-node job's ranks are planned as if this were node 0 (to check the options).
     """
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts must not be negative, not {opts.max_restarts}")
@@ -105,7 +119,15 @@ def make_spec(
     if opts.master_port is not None and not 0 < opts.master_port < 65536:
         raise UsageError(f"--master-port must be between 1 and 65535, not {opts.master_port}")
     check_target(opts.launch, opts.script, cwd, base_env)
-    job = opts.job if opts.job is not None else generated_job_id(opts.script)
+    nodes = plan_nodes(
+        opts.nodes,
+        opts.master_addr,
+        opts.master_port,
+        opts.max_restarts,
+        job_stem(opts.script),
+        base_env,
+    )
+    job = opts.job if opts.job is not None else nodes.default_job or generated_job_id(opts.script)
     problem = validate_job_id(job)
     if problem:
         raise UsageError(f"invalid --job {job!r}: {problem}")
@@ -116,22 +138,44 @@ def make_spec(
         machine = Machine.fake(opts.machine_root) if opts.machine_root else Machine.this()
     nproc = resolve_nproc(opts.nproc, opts.resources, base_env, machine)
     places = place_ranks(opts.resources, nproc, base_env, machine)
-    port = opts.master_port if opts.master_port is not None else free_port(opts.master_addr)
+    node_config = nodes.for_job(job, nproc)
+    if node_config is None:
+        layout = None
+        addr = nodes.master_addr
+        port = nodes.master_port if nodes.master_port is not None else free_port(addr)
+        first, world, node_rank, nnodes, agent_store = 0, nproc, 0, 1, False
+    else:
+        if layout is None:  # before the rendezvous: only to check the options
+            addr, port, agent_store = nodes.master_addr, 0, True
+            first, world, node_rank = 0, nproc, 0
+        else:
+            addr, port, agent_store = layout.master_addr, layout.master_port, layout.use_agent_store
+            first, world, node_rank = layout.first_rank, layout.world_size, layout.node_rank
+        nnodes = node_config.nnodes
     argv = opts.launch.argv(opts.script, opts.args)
     ranks = tuple(
         RankSpec(
-            rank=i,
+            rank=first + i,
             local_rank=i,
-            unit=names.rank_scope(i),
+            unit=names.rank_scope(first + i),
             argv=argv,
             env=rank_environment(
                 {**base_env, **places[i].env},
-                RankPlace(rank=i, local_rank=i, world_size=nproc, local_world_size=nproc),
+                RankPlace(
+                    rank=first + i,
+                    local_rank=i,
+                    world_size=world,
+                    local_world_size=nproc,
+                    group_rank=node_rank,
+                    group_world_size=nnodes,
+                ),
                 job=job,
-                unit=names.rank_scope(i),
-                master_addr=opts.master_addr,
+                unit=names.rank_scope(first + i),
+                master_addr=addr,
                 master_port=port,
                 max_restarts=opts.max_restarts,
+                run_id=node_config.run_id if node_config else None,
+                use_agent_store=agent_store,
             ),
             gpu=places[i].gpu_index,
             cpus=places[i].cpus,
@@ -146,14 +190,16 @@ def make_spec(
         argv=argv,
         cwd=cwd,
         nproc=nproc,
-        world_size=nproc,
-        master_addr=opts.master_addr,
+        world_size=world,
+        master_addr=addr,
         master_port=port,
         grace_sec=opts.grace_sec,
         ranks=ranks,
         memory_max=opts.memory_max,
         max_restarts=opts.max_restarts,
         command=(("-m",) if opts.launch is Launch.MODULE else ()) + (opts.script, *opts.args),
+        node_config=node_config,
+        layout=layout,
     )
 
 

@@ -56,6 +56,11 @@ class WaitStatus:
     signal: int | None
     core_dumped: bool
 
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"signal {self.signal}"
+        return f"exit {self.code}"
+
 
 def fork_held(
     body: Callable[[], object],

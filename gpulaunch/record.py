@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpulaunch.errors import GpulaunchError
-from gpulaunch.jobview import JobState, JobView, RankView, ranks_json
+from gpulaunch.jobview import JobState, JobView, RankView, node_from_wire, node_wire, ranks_json
 from gpulaunch.model import JobReport, Manager
 from gpulaunch.report import headline
 
@@ -71,6 +71,13 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
     ]
     if view.cause_rank >= 0:
         out.append((_PREFIX + "CAUSE_RANK", str(view.cause_rank)))
+    if view.node_rank >= 0:
+        out.append((_PREFIX + "NODE_RANK", str(view.node_rank)))
+        out.append((_PREFIX + "NODES", json.dumps([node_wire(n) for n in view.nodes])))
+    if view.cause_what:
+        out.append((_PREFIX + "CAUSE_NODE", str(view.cause_node)))
+        out.append((_PREFIX + "CAUSE_HOST", view.cause_host))
+        out.append((_PREFIX + "CAUSE_WHAT", view.cause_what))
     if view.error:
         out.append((_PREFIX + "ERROR", view.error))
     if view.restarts:
@@ -183,6 +190,13 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             restarts=_int(entry, _PREFIX + "RESTARTS", 0),
             cause_error=_text(entry.get(_PREFIX + "CAUSE_ERROR")),
             cause_error_source=_text(entry.get(_PREFIX + "CAUSE_ERROR_SOURCE")),
+            node_rank=_int(entry, _PREFIX + "NODE_RANK"),
+            nodes=tuple(
+                node_from_wire(n) for n in json.loads(_text(entry.get(_PREFIX + "NODES")) or "[]")
+            ),
+            cause_node=_int(entry, _PREFIX + "CAUSE_NODE"),
+            cause_host=_text(entry.get(_PREFIX + "CAUSE_HOST")),
+            cause_what=_text(entry.get(_PREFIX + "CAUSE_WHAT")),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
         )
     except (KeyError, TypeError, ValueError) as exc:

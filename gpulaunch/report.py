@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
+from gpulaunch.nodes import Layout
 
 JOURNALD_DROP_IN = "packaging/journald/60-gpulaunch.conf"
 
@@ -19,12 +20,26 @@ def headline(report: JobReport) -> str:
         )
     if report.cause is Cause.START_FAILED:
         return f"gpulaunch: job {report.job} failed to start (status {report.status})"
+    if report.cause is Cause.NODE_FAILED:
+        assert report.node_failure is not None
+        return (
+            f"gpulaunch: job {report.job} stopped: {report.node_failure.describe()} "
+            f"(status {report.status})"
+        )
     cause = next(r for r in report.ranks if r.rank == report.cause_rank)
     assert cause.exit is not None
     return (
         f"gpulaunch: job {report.job} failed: rank {cause.rank} {cause.exit.describe()} "
         f"(status {report.status})"
     )
+
+
+def nodes_line(layout: Layout) -> str:
+    """`node 1 of 3; nodes: 0 hostA ranks 0-1, 1 hostB ranks 2-3, ...`"""
+    nodes = ", ".join(
+        f"{n.node} {n.host} ranks {n.first_rank}-{n.first_rank + n.nproc - 1}" for n in layout.nodes
+    )
+    return f"node {layout.node_rank} of {layout.nnodes}; nodes: {nodes}"
 
 
 def _how(result: RankResult, report: JobReport) -> str:
@@ -54,6 +69,12 @@ def format_report(report: JobReport) -> str:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [headline(report)]
+    if report.layout is not None:
+        lines.append("  " + nodes_line(report.layout))
+        failure = report.node_failure
+        if failure is not None and failure.node != report.layout.node_rank:
+            if report.cause is not Cause.NODE_FAILED:  # e.g. this node was interrupted
+                lines.append(f"  the job's first failure: {failure.describe()}")
     lines += [
         "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
@@ -66,6 +87,12 @@ def format_report(report: JobReport) -> str:
         if r.error:
             lines.append(f"rank {r.rank}'s error, from {r.error_source}:")
             lines += ["  " + line for line in r.error.splitlines()]
+    failure = report.node_failure
+    if report.cause is Cause.NODE_FAILED and failure is not None and failure.error:
+        lines.append(
+            f"rank {failure.rank}'s error (on node {failure.node}), from {failure.error_source}:"
+        )
+        lines += ["  " + line for line in failure.error.splitlines()]
     for drop in report.log_drops:
         lines.append(
             f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "

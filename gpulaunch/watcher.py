@@ -39,8 +39,11 @@ from gpulaunch.model import (
     RankState,
     check_transition,
     job_outcome,
+    signal_name,
 )
+from gpulaunch.nodes import NODE_LOST_STATUS, Event, NodeFailure
 from gpulaunch.output import Output, OutputOptions, Stream
+from gpulaunch.peerlink import PeerLink
 from gpulaunch.plan import JobUnits
 from gpulaunch.procs import HeldChild, fork_held, kill_held, reap, spawn_held
 from gpulaunch.pump import IGNORED_SIGNALS, JournalTarget, run_pump
@@ -91,6 +94,7 @@ class Observer(Protocol):
 
 
 FINISH_TIMEOUT = 2.0  # how long observers may take to publish the end of a job
+ERROR_LINES_SHARED = 40  # of a failed rank's traceback, told to the other nodes
 
 
 class Watcher:
@@ -108,6 +112,7 @@ class Watcher:
         output: Output | None = None,
         journal: bool = False,
         runtime_dir: Path | None = None,
+        peer: PeerLink | None = None,
     ) -> None:
         self.spec = spec
         self.units = units
@@ -134,6 +139,13 @@ class Watcher:
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
+        # Multi-node: the link to the other nodes, and what they said.
+        self.peer = peer
+        self.node_failure: NodeFailure | None = None  # the job's first failure, any node
+        self._elsewhere_at: float | None = None  # when we learnt it was another node's
+        self._told_failure = False
+        self._finish_told = False
+        self._peer_done = False  # it passed the exit barrier, or it ended
 
     # -- the loop ---------------------------------------------------------
 
@@ -147,15 +159,18 @@ class Watcher:
             stack.callback(self.output.close)
             for observer in self.observers:
                 observer.attach(self, self._aio)
+            if self.peer is not None:
+                self._watch(self.peer.fileno(), self._on_peer)
+                self._watch(self.peer.pidfd, self._on_peer_exit)
             self._create_job_units(stack)
             self._errors = stack.enter_context(
                 ErrorFiles(self._runtime_dir, self.spec.names.component)
             )
             self.on_created()
             while True:
-                if self.interrupt is None:
+                if not self._stopping_asked():
                     self._start_ranks()
-                if self.interrupt is not None or self.start_error is not None:
+                if self._stopping_asked() or self.start_error is not None:
                     self._begin_stop()
                 self._loop(self._finished)
                 if not self._restart():
@@ -195,10 +210,15 @@ class Watcher:
         self._wait_job(self._start_unit(self.units.ranks_slice), self.units.ranks_slice.name)
         return True
 
+    def _stopping_asked(self) -> bool:
+        """Interrupted, or another node failed: no (more) ranks to start."""
+        return self.interrupt is not None or self._elsewhere_at is not None
+
     def request_stop(self) -> None:
         """Stop the job gracefully, as a first SIGTERM would (for observers)."""
         if self.interrupt is None:
             self.interrupt = (self.clock(), signal.SIGTERM)
+            self._tell_interrupted(signal.SIGTERM)
         if self.phase is not Phase.STARTING:
             self._begin_stop()
         self._poke()
@@ -255,7 +275,15 @@ class Watcher:
             if not output_done and self.clock() < (self._settle_deadline or 0):
                 return False
             self._begin_stop()
-        return self.stop_job is None and output_done
+        done = self.stop_job is None and output_done
+        if not done or self.peer is None:
+            return done
+        if not self._finish_told:
+            # Our ranks are done: through the exit barrier, so that a store this
+            # node's peer serves stays until every node is done with it.
+            self._finish_told = True
+            self.peer.tell_finish()
+        return self._peer_done
 
     # -- starting ---------------------------------------------------------
 
@@ -291,7 +319,10 @@ class Watcher:
         self._wait_job(path, units.job_slice.name)
         # From here on our death stops the job slice (PropagatesStopTo=) and,
         # through BindsTo=, every rank: no code of ours needs to run for that.
-        self._wait_job(self._start_unit(units.watcher, (os.getpid(),)), units.watcher.name)
+        # The peer shares our scope: it outlives us just long enough to tell the
+        # other nodes that we died, and then the scope is empty.
+        pids = (os.getpid(),) if self.peer is None else (os.getpid(), self.peer.pid)
+        self._wait_job(self._start_unit(units.watcher, pids), units.watcher.name)
         undo.pop_all()
         self._wait_job(self._start_unit(units.ranks_slice), units.ranks_slice.name)
 
@@ -360,6 +391,7 @@ class Watcher:
                 continue
             if self.interrupt is None:
                 self.interrupt = (self.clock(), signum)
+                self._tell_interrupted(signum)
                 if self.phase is not Phase.STARTING:
                     self._begin_stop()
             else:
@@ -434,6 +466,78 @@ class Watcher:
         )
         self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:
+            self._tell_failure(
+                f"rank {rank.spec.rank} {rank.exit.describe()}", rank.exit.status, rank.spec.rank
+            )
+            self._begin_stop()
+
+    # -- the other nodes (multi-node jobs) ------------------------------
+
+    def _tell_failure(self, what: str, status: int, rank: int | None = None) -> None:
+        """Offer this node's first failure as the job's cause (the store decides)."""
+        layout = self.spec.layout
+        if self.peer is None or layout is None or self._told_failure:
+            return
+        self._told_failure = True
+        me = layout.this_node
+        error, source = self._rank_error(rank) if rank is not None else (None, None)
+        if error is not None:
+            error = "\n".join(error.splitlines()[-ERROR_LINES_SHARED:])
+        self.peer.tell_failed(
+            NodeFailure(
+                node=me.node,
+                host=me.host,
+                status=status,
+                what=what,
+                rank=rank,
+                error=error,
+                error_source=source,
+            )
+        )
+
+    def _tell_interrupted(self, signum: int) -> None:
+        self._tell_failure(f"interrupted by {signal_name(signum)}", 128 + signum)
+
+    def _on_peer(self) -> None:
+        assert self.peer is not None
+        for kind, body in self.peer.receive():
+            if kind == Event.CAUSE:
+                self._on_cause(NodeFailure.from_dict(body["failure"]))
+            elif kind == Event.ERROR:
+                self._on_cause(self._link_failure(body["message"]))
+            elif kind == Event.FINISHED:
+                self._peer_done = True
+        if self.peer.closed:
+            self._aio.remove_reader(self.peer.fileno())
+
+    def _on_peer_exit(self) -> None:
+        assert self.peer is not None
+        status = self.peer.reap()
+        self._aio.remove_reader(self.peer.pidfd)
+        self._on_peer()  # what it said before it went
+        if not self._finish_told:
+            self._on_cause(self._link_failure(f"its process ended ({status.describe()})"))
+        self._peer_done = True
+
+    def _link_failure(self, why: str) -> NodeFailure:
+        return NodeFailure(
+            node=-1,
+            host="",
+            status=NODE_LOST_STATUS,
+            what=f"this node lost its link to the other nodes: {why}",
+        )
+
+    def _on_cause(self, failure: NodeFailure) -> None:
+        """The job's first failure: when it was another node's, stop ours."""
+        if self.node_failure is not None:
+            return
+        self.node_failure = failure
+        layout = self.spec.layout
+        if layout is not None and failure.node == layout.node_rank:
+            return  # ours: already stopping
+        self._elsewhere_at = self.clock()
+        self.output.message(f"gpulaunch: {failure.describe()}; stopping this node's ranks")
+        if self.phase is not Phase.STARTING:
             self._begin_stop()
 
     # -- stopping ---------------------------------------------------------
@@ -496,7 +600,10 @@ class Watcher:
         return (tail, "the last lines of its stderr") if tail else (None, None)
 
     def report(self) -> JobReport:
-        outcome = job_outcome(self._exits(), self.interrupt)
+        elsewhere = None
+        if self._elsewhere_at is not None and self.node_failure is not None:
+            elsewhere = (self._elsewhere_at, self.node_failure.status)
+        outcome = job_outcome(self._exits(), self.interrupt, elsewhere)
         error = self.start_error
         results = []
         for r in self.ranks:
@@ -522,4 +629,6 @@ class Watcher:
             ranks=tuple(results),
             error=None if error is None else error.message,
             restarts=self.attempt,
+            layout=self.spec.layout,
+            node_failure=self.node_failure,
         )

@@ -184,8 +184,6 @@ def test_stderr_tail_in_the_report_without_record(job: Job) -> None:
 @pytest.mark.parametrize(
     ("flag", "hint"),
     [
-        (["--nnodes", "2"], "multi-node"),
-        (["--rdzv-backend", "c10d"], "multi-node"),
         (["--tee", "3"], "--log-dir"),
         (["--redirects", "3"], "journal"),
         (["--monitor-interval", "1"], "no polling"),

@@ -1,0 +1,186 @@
+"""From torchrun's multi-node options (or SLURM's environment) to how this node joins its job.
+
+Pure: reads the mapping it is given, starts nothing. The rules follow
+torch/distributed/run.py where torchrun has one (static is the default
+backend, --master-addr/--master-port are its endpoint, 29500 its port).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from gpulaunch.errors import UsageError
+from gpulaunch.nodes import Backend, NodeConfig
+from gpulaunch.slurm import slurm_job_name, slurm_step
+
+STATIC_PORT = 29500  # torchrun's --master-port default
+C10D_PORT = 29400  # torch's default port of a c10d rendezvous endpoint
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """torchrun's multi-node flags, as given (None: not given)."""
+
+    nnodes: str | None = None
+    node_rank: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_conf: str | None = None
+    local_addr: str | None = None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What the nodes imply for the job: how to join (None: one node) and its default id."""
+
+    config: NodeConfig | None
+    default_job: str | None
+    master_addr: str  # the single-node job's MASTER_ADDR (multi-node: the rendezvous decides)
+    master_port: int | None
+
+    def for_job(self, job: str, nproc: int) -> NodeConfig | None:
+        if self.config is None:
+            return None
+        return replace(self.config, job=job, nproc=nproc, run_id=self.config.run_id or job)
+
+
+def parse_nnodes(text: str) -> int:
+    """torchrun's --nnodes: N, or MIN:MAX (elastic), which gpulaunch takes only as N:N."""
+    low, _, high = text.partition(":")
+    try:
+        numbers = (int(low), int(high or low))
+    except ValueError:
+        raise UsageError(f"--nnodes must be a number of nodes, not {text!r}") from None
+    if numbers[0] != numbers[1]:
+        raise UsageError(
+            f"--nnodes {text}: elastic node ranges are not supported",
+            "give the number of nodes, e.g. --nnodes 4",
+        )
+    if numbers[0] < 1:
+        raise UsageError(f"--nnodes must be at least 1, not {numbers[0]}")
+    return numbers[0]
+
+
+def split_endpoint(text: str, default_port: int, flag: str) -> tuple[str, int]:
+    """HOST[:PORT], [V6ADDR][:PORT]."""
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        port = -1
+    if not host or not 0 < port < 65536:
+        raise UsageError(f"{flag} {text!r} is not HOST[:PORT]", "e.g. node0.example:29400")
+    return host, port
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _conf(text: str | None) -> tuple[tuple[str, str], ...]:
+    if not text:
+        return ()
+    pairs = []
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--rdzv-conf {text!r}: {item!r} is not KEY=VALUE")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
+def plan_nodes(
+    opts: NodeOptions,
+    master_addr: str | None,
+    master_port: int | None,
+    max_restarts: int,
+    stem: str,
+    env: Mapping[str, str],
+) -> NodePlan:
+    """Check the multi-node options against each other and SLURM's environment."""
+    slurm = slurm_step(env)
+    default_job = opts.rdzv_id
+    if default_job is None and slurm is not None:
+        default_job = slurm_job_name(slurm.job_id, slurm.step_id, stem)
+    if opts.nnodes is not None:
+        nnodes = parse_nnodes(opts.nnodes)
+    elif slurm is not None:
+        if slurm.step_id is None and slurm.nnodes > 1:
+            raise UsageError(
+                f"gpulaunch runs in the batch script of a {slurm.nnodes}-node SLURM allocation, "
+                "not in an srun step, so the other nodes would never join",
+                "start it on every node: srun --ntasks-per-node=1 gpulaunch start ...",
+            )
+        nnodes = slurm.nnodes
+    else:
+        nnodes = 1
+    backend_name = opts.rdzv_backend or Backend.STATIC.value
+    try:
+        backend = Backend(backend_name)
+    except ValueError:
+        raise UsageError(
+            f"--rdzv-backend {backend_name} is not supported",
+            "use static (--node-rank, --master-addr) or c10d (--rdzv-endpoint)",
+        ) from None
+    single = nnodes == 1 and backend is Backend.STATIC and opts.rdzv_endpoint is None
+    if single:
+        if opts.node_rank not in (None, 0):
+            raise UsageError(f"--node-rank {opts.node_rank} needs --nnodes greater than 1")
+        return NodePlan(None, default_job, master_addr or LOCALHOST, master_port)
+    if max_restarts:
+        raise UsageError(
+            "--max-restarts is not supported for multi-node jobs yet",
+            "drop it: a failure on any node stops the job on every node",
+        )
+    if backend is Backend.STATIC:
+        if opts.rdzv_endpoint is not None:
+            host, port = split_endpoint(opts.rdzv_endpoint, STATIC_PORT, "--rdzv-endpoint")
+        else:
+            host = master_addr or (slurm.master_addr if slurm else LOCALHOST)
+            port = master_port or (slurm.master_port if slurm else STATIC_PORT)
+        node_rank = opts.node_rank
+        if node_rank is None:
+            node_rank = slurm.node_rank if slurm is not None else 0
+        if not 0 <= node_rank < nnodes:
+            raise UsageError(
+                f"--node-rank {node_rank} is not a node of --nnodes {nnodes}",
+                f"give 0 to {nnodes - 1}",
+            )
+    else:
+        if opts.rdzv_endpoint is None:
+            raise UsageError(
+                "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]",
+                "give the address of one node, the same on every node",
+            )
+        if opts.node_rank is not None:
+            raise UsageError(
+                "--node-rank is only for the static rendezvous; c10d assigns node ranks",
+                "drop --node-rank",
+            )
+        host, port = split_endpoint(opts.rdzv_endpoint, C10D_PORT, "--rdzv-endpoint")
+        node_rank = None
+    endpoint = _endpoint(host, port)
+    if default_job is None:
+        digest = hashlib.sha256(endpoint.encode()).hexdigest()[:6]
+        default_job = f"{stem}_{digest}"
+    config = NodeConfig(
+        backend=backend,
+        endpoint=endpoint,
+        run_id=opts.rdzv_id or "",  # "": the job id (NodePlan.for_job)
+        nnodes=nnodes,
+        nproc=0,
+        job="",
+        node_rank=node_rank,
+        local_addr=opts.local_addr,
+        rdzv_conf=_conf(opts.rdzv_conf),
+    )
+    return NodePlan(config, default_job, master_addr or LOCALHOST, master_port)

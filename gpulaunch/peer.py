@@ -1,0 +1,266 @@
+"""The node's link to the other nodes of a multi-node job: `python -m gpulaunch.peer`.
+
+A process of its own, in the watcher's scope, so that the watcher never
+imports torch and so that the watcher's death is news it can still tell: it
+reads the watcher's commands from fd 3 and sees EOF when the watcher dies.
+
+It joins the job through torch's own rendezvous (static or c10d, as torchrun
+does), then keeps three things going, each on its own store connection:
+
+- the *cause watch*: a blocking `wait` on the job's `cause` key, which the
+  store answers the moment any node sets it (no polling); when the store
+  itself goes away the wait fails at once and that is news too;
+- the *heartbeat*: every HEARTBEAT_INTERVAL it bumps its counter; node 0
+  checks everybody's counter and the others check node 0's, so a node that
+  vanished without a word is declared lost within HEARTBEAT_TIMEOUT plus an
+  interval;
+- the *commands* from the watcher: a failure here (set `cause` if nobody did
+  first: compare_set decides the job's first failure for every node), and at
+  the end the exit barrier (every node's `done` key), so that a node that
+  serves a store keeps it until every node is done with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpulaunch.nodes import (
+    NODE_LOST_STATUS,
+    Backend,
+    Command,
+    Event,
+    Layout,
+    NodeConfig,
+    NodeFailure,
+    NodeInfo,
+    decode,
+    encode,
+)
+
+LINK_FD = 3
+FOREVER = datetime.timedelta(days=365)
+
+
+class Peer:
+    def __init__(self, config: NodeConfig, link: socket.socket) -> None:
+        self.config = config
+        self.link = link
+        self._send_lock = threading.Lock()
+        self.finishing = threading.Event()
+        self.layout: Layout | None = None
+        self.host = config.local_addr or socket.getfqdn()
+        self._handler: Any = None  # keeps torch's rendezvous (and any store it serves) alive
+
+    # -- talking to the watcher ------------------------------------------
+
+    def send(self, kind: Event, **body: Any) -> None:
+        with self._send_lock:
+            try:
+                self.link.sendall(encode(kind, **body))
+            except OSError:
+                pass  # the watcher is gone; the command loop sees EOF and says so
+
+    # -- the store ---------------------------------------------------------
+
+    def _client(self, timeout: float) -> Any:
+        from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+        host, port = self.config.endpoint.rsplit(":", 1)
+        store = TCPStore(
+            host.strip("[]"),
+            int(port),
+            is_master=False,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        return PrefixStore(f"gpulaunch/{self.config.run_id}/", store)
+
+    def rendezvous(self) -> Layout:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        cfg = self.config
+        conf: dict[str, Any] = dict(cfg.rdzv_conf)
+        if cfg.backend is Backend.STATIC:
+            conf["rank"] = cfg.node_rank
+        params = RendezvousParameters(
+            backend=cfg.backend.value,
+            endpoint=cfg.endpoint,
+            run_id=cfg.run_id,
+            min_nodes=cfg.nnodes,
+            max_nodes=cfg.nnodes,
+            local_addr=cfg.local_addr,
+            **conf,
+        )
+        self._handler = get_rendezvous_handler(params)
+        info = self._handler.next_rendezvous()
+        node_rank, nnodes = info.rank, info.world_size
+        store = self._client(timeout=float(conf.get("join_timeout", 600)))
+        me = {"host": self.host, "nproc": cfg.nproc, "pid": os.getppid()}
+        store.set(f"node/{node_rank}", json.dumps(me))
+        keys = [f"node/{n}" for n in range(nnodes)]
+        store.wait(keys)
+        nodes, first = [], 0
+        for n, raw in enumerate(store.multi_get(keys)):
+            data = json.loads(raw)
+            nodes.append(
+                NodeInfo(
+                    node=n,
+                    host=data["host"],
+                    first_rank=first,
+                    nproc=data["nproc"],
+                    pid=data["pid"],
+                )
+            )
+            first += data["nproc"]
+        boot = info.bootstrap_store_info
+        return Layout(
+            node_rank=node_rank,
+            nnodes=nnodes,
+            world_size=first,
+            master_addr=boot.master_addr,
+            master_port=boot.master_port,
+            use_agent_store=bool(self._handler.use_agent_store),
+            run_id=cfg.run_id,
+            endpoint=cfg.endpoint,
+            nodes=tuple(nodes),
+        )
+
+    def publish(self, store: Any, failure: NodeFailure) -> None:
+        """Make `failure` the job's cause unless another node's came first."""
+        store.compare_set("cause", "", json.dumps(failure.to_dict()))
+
+    # -- the three activities ---------------------------------------------
+
+    def watch_cause(self) -> None:
+        store = self._client(timeout=self.config.heartbeat_timeout)
+        try:
+            store.wait(["cause"], FOREVER)
+            failure = NodeFailure.from_dict(json.loads(store.get("cause")))
+        except Exception:  # noqa: BLE001 - any store error means the store went away
+            if self.finishing.is_set():
+                return
+            failure = self._store_lost()
+        self.send(Event.CAUSE, failure=failure.to_dict())
+
+    def _store_lost(self) -> NodeFailure:
+        assert self.layout is not None
+        host, _ = self.config.endpoint.rsplit(":", 1)
+        serving = 0 if self.config.backend is Backend.STATIC else None
+        node = self.layout.nodes[serving] if serving is not None else None
+        return NodeFailure(
+            node=node.node if node else -1,
+            host=node.host if node else host,
+            status=NODE_LOST_STATUS,
+            what=f"the job's store at {self.config.endpoint} went away (the node serving it ended)",
+        )
+
+    def heartbeat(self) -> None:
+        assert self.layout is not None
+        layout, cfg = self.layout, self.config
+        store = self._client(timeout=cfg.heartbeat_timeout)
+        me = layout.node_rank
+        watched = [n for n in range(layout.nnodes) if n != me and (me == 0 or n == 0)]
+        seen: dict[int, tuple[int, float]] = {}
+        stop = threading.Event()
+        while not stop.wait(cfg.heartbeat_interval):
+            try:
+                store.add(f"hb/{me}", 1)
+                now = time.monotonic()
+                for n in list(watched):
+                    if store.check([f"done/{n}"]):
+                        watched.remove(n)
+                        continue
+                    count = store.add(f"hb/{n}", 0)
+                    last = seen.get(n)
+                    if last is None or last[0] != count:
+                        seen[n] = (count, now)
+                    elif now - last[1] > cfg.heartbeat_timeout:
+                        watched.remove(n)
+                        self._declare_lost(store, layout.nodes[n], now - last[1])
+            except Exception:  # noqa: BLE001 - the store is gone: watch_cause says so
+                return
+
+    def _declare_lost(self, store: Any, node: NodeInfo, silent: float) -> None:
+        self.publish(
+            store,
+            NodeFailure(
+                node=node.node,
+                host=node.host,
+                status=NODE_LOST_STATUS,
+                what=f"lost: no heartbeat for {silent:.1f} s",
+            ),
+        )
+        store.set(f"done/{node.node}", "lost")  # nobody waits for it at the exit barrier
+
+    def commands(self) -> int:
+        """Serve the watcher until it says finish (0) or dies (1)."""
+        assert self.layout is not None
+        store = self._client(timeout=self.config.heartbeat_timeout)
+        me = self.layout.this_node
+        buffer = b""
+        while True:
+            chunk = self.link.recv(65536)
+            if not chunk:
+                self.publish(
+                    store,
+                    NodeFailure(
+                        node=me.node, host=me.host, status=NODE_LOST_STATUS, what="its watcher died"
+                    ),
+                )
+                store.set(f"done/{me.node}", "lost")
+                return 1
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                kind, body = decode(line)
+                if kind == Command.FAILED:
+                    self.publish(store, NodeFailure.from_dict(body["failure"]))
+                elif kind == Command.FINISH:
+                    self.finishing.set()
+                    store.set(f"done/{me.node}", "done")
+                    store.wait([f"done/{n}" for n in range(self.layout.nnodes)], FOREVER)
+                    self.send(Event.FINISHED)
+                    return 0
+
+
+def _thread(target: Callable[[], None], name: str) -> None:
+    threading.Thread(target=target, name=name, daemon=True).start()
+
+
+def main() -> int:
+    # The watcher handles the terminal's and systemd's signals and tells us what to do.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+    config = NodeConfig.from_json(sys.argv[1])
+    link = socket.socket(fileno=LINK_FD)
+    peer = Peer(config, link)
+    try:
+        peer.layout = peer.rendezvous()
+    except Exception as exc:  # noqa: BLE001 - said to the watcher, which tells the user
+        peer.send(Event.ERROR, message=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return 1
+    peer.send(Event.JOINED, layout=peer.layout.to_dict())
+    _thread(peer.watch_cause, "cause-watch")
+    _thread(peer.heartbeat, "heartbeat")
+    try:
+        return peer.commands()
+    except Exception as exc:  # noqa: BLE001 - the store went away under a command
+        if not peer.finishing.is_set():
+            peer.send(Event.ERROR, message=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""A small gloo DDP job for the multi-node tests: all_reduce steps, one rank may fail.
+
+Every rank writes `<dir>/rank<N>.pid`, and `<dir>/rank<N>.failed` (the time) right
+before it raises, so a test can time how fast the other nodes' ranks are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--step-time", type=float, default=0.05)
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-step", type=int, default=2)
+    p.add_argument("--busy", action="store_true", help="other ranks sleep, not in a collective")
+    args = p.parse_args()
+    rank = int(os.environ["RANK"])
+    with open(os.path.join(args.dir, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    for step in range(args.steps):
+        if rank == args.fail_rank and step == args.fail_step:
+            with open(os.path.join(args.dir, f"rank{rank}.failed"), "w") as f:
+                f.write(repr(time.time()))
+            raise RuntimeError(f"rank {rank} fails on purpose in step {step}")
+        if args.busy and step == args.fail_step:
+            time.sleep(600)  # "computing": in no collective when the failure happens
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward()
+        total = torch.tensor([float(rank)])
+        dist.all_reduce(total)
+        assert total.item() == world * (world - 1) / 2
+        time.sleep(args.step_time)
+    print(
+        f"rank {rank} of {world} done: local {os.environ['LOCAL_RANK']} "
+        f"node {os.environ['GROUP_RANK']} of {os.environ['GROUP_WORLD_SIZE']}",
+        flush=True,
+    )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
