@@ -1,4 +1,4 @@
-"""The node's link to the other nodes of a multi-node job: `python -m gpulaunch.peer`.
+"""The node's link to the other nodes of a multi-node job: `python -m gpulaunch.peer CONFIG PID`.
 
 A process of its own, in the watcher's scope, so that the watcher never
 imports torch and so that the watcher's death is news it can still tell: it
@@ -22,6 +22,7 @@ does), then keeps three things going, each on its own store connection:
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import logging
@@ -49,6 +50,14 @@ from gpulaunch.nodes import (
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_watcher(signum: int) -> None:
+    """Until the job's units exist we are nobody's: die with the watcher (0: stop that)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
 class Peer:
@@ -105,7 +114,9 @@ class Peer:
         self._handler = get_rendezvous_handler(params)
         info = self._handler.next_rendezvous()
         node_rank, nnodes = info.rank, info.world_size
-        store = self._client(timeout=float(conf.get("join_timeout", 600)))
+        # How long the nodes may take to announce themselves: torch's own join timeout.
+        join_timeout = float(conf.get("join_timeout", conf.get("timeout", 600)))
+        store = self._client(timeout=join_timeout)
         me = {"host": self.host, "nproc": cfg.nproc, "pid": os.getppid()}
         store.set(f"node/{node_rank}", json.dumps(me))
         keys = [f"node/{n}" for n in range(nnodes)]
@@ -243,6 +254,9 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+    die_with_watcher(signal.SIGKILL)
+    if os.getppid() != int(sys.argv[2]):  # it died before the line above
+        return 1
     config = NodeConfig.from_json(sys.argv[1])
     link = socket.socket(fileno=LINK_FD)
     peer = Peer(config, link)
@@ -252,6 +266,8 @@ def main() -> int:
         peer.send(Event.ERROR, message=f"{type(exc).__name__}: {exc}".splitlines()[0])
         return 1
     peer.send(Event.JOINED, layout=peer.layout.to_dict())
+    # From now on we share the watcher's scope, and its death is news we tell the others.
+    die_with_watcher(0)
     _thread(peer.watch_cause, "cause-watch")
     _thread(peer.heartbeat, "heartbeat")
     try:

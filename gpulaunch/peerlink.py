@@ -42,7 +42,7 @@ class PeerLink:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
         try:
-            argv = (sys.executable, "-m", "gpulaunch.peer", config.to_json())
+            argv = (sys.executable, "-m", "gpulaunch.peer", config.to_json(), str(os.getpid()))
             child = spawn_held(argv, env, {3: theirs.fileno()})
         finally:
             theirs.close()

@@ -1,13 +1,16 @@
 """A small gloo DDP job for the multi-node tests: all_reduce steps, one rank may fail.
 
-Every rank writes `<dir>/rank<N>.pid`, and `<dir>/rank<N>.failed` (the time) right
-before it raises, so a test can time how fast the other nodes' ranks are gone.
+Every rank writes `<dir>/rank<N>.pid`, `<dir>/rank<N>.failed` (the wall-clock time)
+right before it raises, and `<dir>/rank<N>.term` (the time) when a SIGTERM reaches it,
+so a test can time how fast the other nodes' ranks were stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import time
 
 import torch
@@ -24,17 +27,29 @@ def main() -> None:
     p.add_argument("--busy", action="store_true", help="other ranks sleep, not in a collective")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
+
+    def stamp(name: str) -> None:
+        with open(os.path.join(args.dir, f"rank{rank}.{name}"), "w") as f:
+            f.write(repr(time.time()))
+
+    def on_term(signum: int, frame: object) -> None:
+        stamp("term")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
     with open(os.path.join(args.dir, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
+    with open(os.path.join(args.dir, f"rank{rank}.env"), "w") as f:
+        json.dump({k: v for k, v in os.environ.items() if k not in ("LS_COLORS",)}, f)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     for step in range(args.steps):
         if rank == args.fail_rank and step == args.fail_step:
-            with open(os.path.join(args.dir, f"rank{rank}.failed"), "w") as f:
-                f.write(repr(time.time()))
+            stamp("failed")
             raise RuntimeError(f"rank {rank} fails on purpose in step {step}")
         if args.busy and step == args.fail_step:
+            stamp("busy")
             time.sleep(600)  # "computing": in no collective when the failure happens
         loss = model(torch.ones(2, 4)).sum()
         loss.backward()
