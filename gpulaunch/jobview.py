@@ -196,7 +196,8 @@ class JobView:
 
     `status` is -1, `cause` "" and `cause_rank` -1 until the job ended.
     `error` says why the job could not start; `cause_error` is the cause rank's
-    traceback or last stderr lines (from `cause_error_source`). `ended_at` (µs
+    traceback or last stderr lines (from `cause_error_source`); when the job
+    ended because of another node (`node-failed`), that node's failed rank's. `ended_at` (µs
     since the epoch) comes from the record only.
     """
 
@@ -244,8 +245,14 @@ class JobView:
     def node_failure(self) -> NodeFailure | None:
         if not self.cause_what:
             return None
+        remote = self.cause == Cause.NODE_FAILED.value  # then cause_error is that rank's
         return NodeFailure(
-            node=self.cause_node, host=self.cause_host, status=self.status, what=self.cause_what
+            node=self.cause_node,
+            host=self.cause_host,
+            status=self.status,
+            what=self.cause_what,
+            error=(self.cause_error or None) if remote else None,
+            error_source=(self.cause_error_source or None) if remote else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -311,6 +318,9 @@ class JobView:
         ranks = report.ranks if report is not None else ()
         cause = next((r for r in ranks if report and r.rank == report.cause_rank), None)
         failure = watcher.node_failure
+        error, source = (cause.error, cause.error_source) if cause else (None, None)
+        if report is not None and report.cause is Cause.NODE_FAILED and failure is not None:
+            error, source = failure.error, failure.error_source
         return cls(
             job=spec.job,
             slice=spec.names.job_slice,
@@ -325,8 +335,8 @@ class JobView:
             cause_rank=-1 if report is None or report.cause_rank is None else report.cause_rank,
             error="" if report is None or report.error is None else report.error,
             restarts=watcher.attempt,
-            cause_error=(cause.error or "") if cause else "",
-            cause_error_source=(cause.error_source or "") if cause else "",
+            cause_error=error or "",
+            cause_error_source=source or "",
             node_rank=-1 if spec.layout is None else spec.layout.node_rank,
             nodes=() if spec.layout is None else spec.layout.nodes,
             cause_node=-1 if failure is None else failure.node,

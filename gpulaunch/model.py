@@ -218,13 +218,14 @@ def job_outcome(
     and the interrupt is the cause; ranks the watcher stopped never are.
     `elsewhere` is (monotonic time, status) of a multi-node job's first failure
     when the store says it happened on another node: every node agrees on that
-    one, so it beats this node's rank failures; an interrupt here before it
-    arrived still counts as this node's own cause.
+    one, so it beats this node's rank failures; only an interrupt that came
+    before both this node's first rank failure and that news stays the cause.
     """
-    if elsewhere is not None and (interrupt is None or elsewhere[0] < interrupt[0]):
-        return Outcome(elsewhere[1], Cause.NODE_FAILED, None)
     rank = first_failure(exits)
-    if interrupt is not None and (rank is None or interrupt[0] < exits[rank].observed_at):
+    interrupted = interrupt is not None and (rank is None or interrupt[0] < exits[rank].observed_at)
+    if elsewhere is not None and not (interrupted and interrupt and interrupt[0] < elsewhere[0]):
+        return Outcome(elsewhere[1], Cause.NODE_FAILED, None)
+    if interrupted and interrupt is not None:
         return Outcome(128 + interrupt[1], Cause.INTERRUPTED, None)
     if rank is not None:
         return Outcome(exits[rank].status, Cause.RANK_FAILED, rank)

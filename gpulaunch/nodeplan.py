@@ -8,6 +8,7 @@ backend, --master-addr/--master-port are its endpoint, 29500 its port).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -54,31 +55,38 @@ def parse_nnodes(text: str) -> int:
     try:
         numbers = (int(low), int(high or low))
     except ValueError:
-        raise UsageError(f"--nnodes must be a number of nodes, not {text!r}") from None
+        raise UsageError(
+            f"--nnodes must be a number of nodes, not {text!r}", "e.g. --nnodes 4"
+        ) from None
     if numbers[0] != numbers[1]:
         raise UsageError(
             f"--nnodes {text}: elastic node ranges are not supported",
             "give the number of nodes, e.g. --nnodes 4",
         )
     if numbers[0] < 1:
-        raise UsageError(f"--nnodes must be at least 1, not {numbers[0]}")
+        raise UsageError(f"--nnodes must be at least 1, not {numbers[0]}", "e.g. --nnodes 4")
     return numbers[0]
 
 
 def split_endpoint(text: str, default_port: int, flag: str) -> tuple[str, int]:
-    """HOST[:PORT], [V6ADDR][:PORT]."""
-    host, port_text = text, ""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest.removeprefix(":")
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        port = -1
-    if not host or not 0 < port < 65536:
-        raise UsageError(f"{flag} {text!r} is not HOST[:PORT]", "e.g. node0.example:29400")
+    """HOST[:PORT] or [V6ADDR][:PORT], read as torch's parse_rendezvous_endpoint reads it."""
+    endpoint = text.strip()
+    if not endpoint.startswith("[") and endpoint.count(":") > 1:
+        raise UsageError(f"{flag} {text!r}: an IPv6 address needs brackets", "e.g. [fd00::1]:29400")
+    if endpoint.startswith("[") and endpoint.endswith("]"):
+        host, rest = endpoint, []
+    else:
+        host, *rest = endpoint.rsplit(":", 1)
+    if len(host) > 1 and host[0] == "[" and host[-1] == "]":
+        host = host[1:-1]
+    port = default_port
+    if rest:
+        port = int(rest[0]) if re.fullmatch(r"[0-9]{1,5}", rest[0]) else -1
+    if not re.fullmatch(r"[\w.:-]+", host) or not 0 < port < 65536:
+        raise UsageError(
+            f"{flag} {text!r} is not HOST[:PORT]",
+            "e.g. node0.example:29400, 10.0.0.1:29400 or [fd00::1]:29400",
+        )
     return host, port
 
 
@@ -92,8 +100,11 @@ def _conf(text: str | None) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in text.split(","):
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--rdzv-conf {text!r}: {item!r} is not KEY=VALUE")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(
+                f"--rdzv-conf {text!r}: {item!r} is not KEY=VALUE",
+                "e.g. --rdzv-conf join_timeout=900,timeout=900",
+            )
         pairs.append((key.strip(), value.strip()))
     return tuple(pairs)
 
@@ -134,7 +145,10 @@ def plan_nodes(
     single = nnodes == 1 and backend is Backend.STATIC and opts.rdzv_endpoint is None
     if single:
         if opts.node_rank not in (None, 0):
-            raise UsageError(f"--node-rank {opts.node_rank} needs --nnodes greater than 1")
+            raise UsageError(
+                f"--node-rank {opts.node_rank} needs --nnodes greater than 1",
+                "give the number of nodes with --nnodes",
+            )
         return NodePlan(None, default_job, master_addr or LOCALHOST, master_port)
     if max_restarts:
         raise UsageError(
@@ -152,8 +166,8 @@ def plan_nodes(
             node_rank = slurm.node_rank if slurm is not None else 0
         if not 0 <= node_rank < nnodes:
             raise UsageError(
-                f"--node-rank {node_rank} is not a node of --nnodes {nnodes}",
-                f"give 0 to {nnodes - 1}",
+                f"node rank {node_rank} is not a node of a {nnodes}-node job",
+                f"give --node-rank 0 to {nnodes - 1}",
             )
     else:
         if opts.rdzv_endpoint is None:
@@ -161,11 +175,8 @@ def plan_nodes(
                 "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]",
                 "give the address of one node, the same on every node",
             )
-        if opts.node_rank is not None:
-            raise UsageError(
-                "--node-rank is only for the static rendezvous; c10d assigns node ranks",
-                "drop --node-rank",
-            )
+        # c10d assigns node ranks; torchrun ignores --node-rank here too (scripts pass
+        # --node_rank=$SLURM_NODEID whatever the backend).
         host, port = split_endpoint(opts.rdzv_endpoint, C10D_PORT, "--rdzv-endpoint")
         node_rank = None
     endpoint = _endpoint(host, port)

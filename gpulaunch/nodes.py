@@ -99,8 +99,8 @@ class Layout:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Layout:
-        nodes = tuple(NodeInfo(**n) for n in data.pop("nodes"))
-        return cls(**data, nodes=nodes)
+        rest = {k: v for k, v in data.items() if k != "nodes"}
+        return cls(**rest, nodes=tuple(NodeInfo(**n) for n in data["nodes"]))
 
 
 @dataclass(frozen=True)
