@@ -5,13 +5,13 @@ Exit codes (also in the README):
           for signal N; 130/143/129 when the watcher was interrupted)
   2       bad command line or input (unknown option, missing script, ...)
   3       unknown job
+  68      a multi-node job could not join its other nodes (the rendezvous failed)
   69      no systemd manager reachable
   70      internal error (a bug: rerun with --debug and report it)
   71      systemd refused or failed an operation
+  73      a job with this id is already running
   75      multi-node: the job stopped because another node was lost (its watcher died,
           it stopped answering, or the store it served went away)
-  68      a multi-node job could not join its other nodes (the rendezvous failed)
-  73      a job with this id is already running
   76      the job's watcher went away without saying how the job ended (`wait`, `stop`)
   77      permission denied by systemd or the bus
   78      bad unit template or setting
