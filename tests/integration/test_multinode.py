@@ -363,7 +363,7 @@ def test_slurm_environment_places_the_nodes(mjob: MultiJob) -> None:
     [
         (["--nnodes", "1:4"], "elastic node ranges are not supported"),
         (["--nnodes", "2", "--rdzv-backend", "c10d"], "needs --rdzv-endpoint"),
-        (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is not a node of --nnodes 2"),
+        (["--nnodes", "2", "--node-rank", "2"], "node rank 2 is not a node of a 2-node job"),
         (["--nnodes", "2", "--max-restarts", "1"], "--max-restarts is not supported"),
         (["--nnodes", "2", "--rdzv-backend", "etcd"], "--rdzv-backend etcd is not supported"),
     ],
