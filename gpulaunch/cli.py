@@ -300,7 +300,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         dest="ranks",
         type=_rank_set,
         metavar="LIST",
-        help="show only these ranks' output live, e.g. 0 or 0,3 or 0-3 (the journal gets all)",
+        help="show only these ranks' output live, e.g. 0 or 0,3 or 0-3 (the journal gets all; "
+        "on several nodes: this node's ranks, counted from 0)",
     )
     p.add_argument(
         "--quiet", "-q", action="store_true", help="show no rank output live, only the report"
@@ -439,6 +440,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                 f"({cfg.backend} rendezvous)"
             )
             spec, units = _plan(args, layout=peer.join(wakeup))
+            assert spec.layout is not None
+            output.place_node(spec.layout.first_rank, spec.world_size)
 
         def announce() -> None:
             where = f"{spec.nproc} ranks in {spec.names.job_slice}"

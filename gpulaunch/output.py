@@ -20,7 +20,7 @@ import os
 import stat
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 CHUNK = 65536
@@ -157,6 +157,16 @@ class Output:
             term.on_drained = self._resume
         if options.log_dir is not None:
             options.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def place_node(self, first_rank: int, world_size: int) -> None:
+        """Several nodes: this node's ranks start at `first_rank` of `world_size`.
+
+        `--ranks` counts this node's ranks from 0, as torchrun's --local-ranks-filter.
+        """
+        self._width = len(str(max(world_size - 1, 0)))
+        if self.options.ranks is not None:
+            shown = frozenset(first_rank + r for r in self.options.ranks)
+            self.options = replace(self.options, ranks=shown)
 
     # -- wiring -------------------------------------------------------------
 

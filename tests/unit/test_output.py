@@ -126,3 +126,10 @@ def test_parse_ranks(text: str, ranks: set[int]) -> None:
 def test_parse_ranks_errors(text: str) -> None:
     with pytest.raises(ValueError):
         parse_ranks(text)
+
+
+def test_several_nodes_filter_this_nodes_ranks_counted_from_zero() -> None:
+    """--ranks / --local-ranks-filter on node 1 of a 2x2 job: local 1 is global rank 3."""
+    out = Output(OutputOptions(ranks=frozenset({1})), 2)
+    out.place_node(first_rank=2, world_size=4)
+    assert out.options.ranks == frozenset({3})
