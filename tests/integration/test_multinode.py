@@ -249,27 +249,26 @@ def test_rank_failure_on_node_1_stops_every_node(mjob: MultiJob) -> None:
         assert len(re.findall(r" exit 143 +stopped ", e.stderr)) == NPROC, e.stderr
 
 
-def _kill_watcher_when_busy(mjob: MultiJob, procs: list[subprocess.Popen[str]]) -> float:
+@pytest.mark.parametrize("killed", [2, 0], ids=["node2", "node0-serving-the-store"])
+def test_killed_watcher_stops_the_other_nodes(mjob: MultiJob, killed: int) -> None:
+    procs = mjob.start([mjob.static(n) for n in range(NNODES)], ["--busy"])
     mjob.wait_stamps(range(NNODES * NPROC), "busy")
     t0 = time.time()
-    os.kill(mjob.boxes[2].inner_pid(procs[2]), signal.SIGKILL)
-    return t0
-
-
-def test_killed_watcher_stops_the_other_nodes(mjob: MultiJob) -> None:
-    procs = mjob.start([mjob.static(n) for n in range(NNODES)], ["--busy"])
-    t0 = _kill_watcher_when_busy(mjob, procs)
+    os.kill(mjob.boxes[killed].inner_pid(procs[killed]), signal.SIGKILL)
     ended = finish(procs, mjob.boxes)
-    others = node_ranks(0) + node_ranks(1)
-    terms = [mjob.stamp(r, "term") for r in others]
+    survivors = [n for n in range(NNODES) if n != killed]
+    terms = [mjob.stamp(r, "term") for n in survivors for r in node_ranks(n)]
     assert all(t is not None for t in terms), terms
     latency = max(t for t in terms if t is not None) - t0
-    print(f"node 2's watcher SIGKILLed -> other nodes' ranks got SIGTERM: {latency:.3f} s")
+    print(f"node {killed}'s watcher SIGKILLed -> other nodes' ranks got SIGTERM: {latency:.3f} s")
     assert latency < STOP_BOUND
-    for e in ended[:2]:
+    for n in survivors:
+        e = ended[n]
         assert e.returncode == NODE_LOST_STATUS, e.stderr
-        assert "stopped: node 2 (127.0.0.3): its watcher died (status 75)" in e.stderr
-    assert ended[2].returncode == -signal.SIGKILL
+        assert f"stopped: node {killed} ({host(killed)}): its watcher died (status 75)" in (
+            e.stderr
+        )
+    assert ended[killed].returncode == -signal.SIGKILL
     for node in range(NNODES):
         wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
 
