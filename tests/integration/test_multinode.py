@@ -247,6 +247,11 @@ def test_rank_failure_on_node_1_stops_every_node(mjob: MultiJob) -> None:
         assert "rank 3's error (on node 1)" in e.stderr
         assert "fails on purpose in step 2" in e.stderr
         assert len(re.findall(r" exit 143 +stopped ", e.stderr)) == NPROC, e.stderr
+    # After the end, the journal record tells the same (and the other node's traceback).
+    box, job = mjob.boxes[2], mjob.job_id(2)
+    text = box.run([GPULAUNCH, "status", job], capture_output=True, check=True).stdout
+    assert "stopped: node 1 (127.0.0.2): rank 3 exit 1 (status 1)" in text
+    assert f"node 2 of 3; {NODES_LINE}" in text and "fails on purpose in step 2" in text
 
 
 @pytest.mark.parametrize("killed", [2, 0], ids=["node2", "node0-serving-the-store"])

@@ -11,7 +11,9 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -46,8 +48,15 @@ def main() -> None:
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     for step in range(args.steps):
         if rank == args.fail_rank and step == args.fail_step:
-            stamp("failed")
-            raise RuntimeError(f"rank {rank} fails on purpose in step {step}")
+            try:
+                raise RuntimeError(f"rank {rank} fails on purpose in step {step}")
+            except RuntimeError:
+                # The traceback as an uncaught exception prints it, then out at once: the
+                # test times gpulaunch, not torch's interpreter teardown (about a second).
+                traceback.print_exc()
+                sys.stderr.flush()
+                stamp("failed")
+                os._exit(1)
         if args.busy and step == args.fail_step:
             stamp("busy")
             time.sleep(600)  # "computing": in no collective when the failure happens
