@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,7 @@ from gpulaunch.nodes import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, NODE_LOST_STA
 from sdbox import Box, HostSystemd, host_systemd_running
 from tests.integration.conftest import box_files
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until
+from tests.integration.test_torchrun_compat import SAME_VALUE
 
 DDP = str(REPO / "tests" / "integration" / "scripts" / "ddp.py")
 NNODES = 3
@@ -401,3 +403,51 @@ def test_interrupt_while_waiting_for_the_other_nodes(mjob: MultiJob) -> None:
     assert e.returncode == 130, e.stderr
     assert "interrupted by SIGINT while waiting for the other nodes" in e.stderr
     wait_until(lambda: mjob.leftovers(0) == [], 10, "nothing left")
+
+
+def test_environment_matches_torchrun_on_two_nodes(mjob: MultiJob) -> None:
+    """The same script, 2 nodes x 2 ranks, static rendezvous: torchrun, then gpulaunch."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    script = str(REPO / "tests" / "integration" / "scripts" / "envdump.py")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    outs = {name: mjob.dir / name for name in ("torchrun", "gpulaunch")}
+    for out in outs.values():
+        out.mkdir()
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--rdzv-id", mjob.id]
+    runs = {
+        "torchrun": lambda n: [
+            torchrun,
+            *common,
+            *("--node-rank", str(n), "--master-port", str(mjob.port)),
+            *("--local-addr", host(n), "--nproc-per-node", str(NPROC)),
+            *(script, "--out", str(outs["torchrun"])),
+        ],
+        "gpulaunch": lambda n: [
+            GPULAUNCH,
+            "start",
+            "--job",
+            mjob.job_id(n),
+            *common,
+            *("--node-rank", str(n), "--master-port", str(mjob.port + 1)),
+            *("--local-addr", host(n), "--nproc-per-node", str(NPROC)),
+            *(script, "--out", str(outs["gpulaunch"])),
+        ],
+    }
+    for argv in runs.values():
+        procs = [
+            mjob.boxes[n].popen(
+                argv(n), cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            )
+            for n in range(2)
+        ]
+        for e in finish(procs, mjob.boxes):
+            assert e.returncode == 0, e.stderr
+    for rank in range(2 * NPROC):
+        t = json.loads((outs["torchrun"] / f"env{rank}.json").read_text())
+        g = json.loads((outs["gpulaunch"] / f"env{rank}.json").read_text())
+        for key in [*SAME_VALUE, "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"]:
+            assert g.get(key) == t.get(key), key
+        assert (g["MASTER_ADDR"], t["MASTER_ADDR"]) == ("127.0.0.1", "127.0.0.1")
+        assert (int(g["MASTER_PORT"]), int(t["MASTER_PORT"])) == (mjob.port + 1, mjob.port)
+        added_by_torchrun = set(t) - set(env)
+        assert added_by_torchrun <= set(g), added_by_torchrun - set(g)
