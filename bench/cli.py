@@ -1,6 +1,7 @@
 """`python -m bench [--quick] [--only N[,N...]] [--reps N] [--out DIR]`.
 
-Runs the scenarios of issue 8 under gpulaunch and under `torchrun --standalone` and
+Runs the scenarios of issue 8 under gpulaunch and under `torchrun --standalone` (and
+scenario 7, three nodes on loopback, under both launchers' multi-node options) and
 writes `<out>/<date>.md` and `<date>.json` (full run: bench/results/; --quick:
 bench/.scratch/, a smoke test that asserts no timing). Where the host runs no
 systemd, it re-runs itself inside the project's throwaway systemd
@@ -48,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="N[,N]",
-        help="run only these scenarios (1-6); repeatable",
+        help=f"run only these scenarios (1-{len(SCENARIOS)}); repeatable",
     )
     p.add_argument("--reps", type=int, help="repetitions per launcher (default: 5, quick: 1)")
     p.add_argument("--out", type=Path, help="directory for <date>.md and .json")
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench: error: --only takes scenario numbers, e.g. --only 1,3", file=sys.stderr)
         return 2
     if not only <= {s.number for s in SCENARIOS}:
-        print("bench: error: scenarios are numbered 1 to 6", file=sys.stderr)
+        print(f"bench: error: scenarios are numbered 1 to {len(SCENARIOS)}", file=sys.stderr)
         return 2
     if not _systemd_running():
         return _rerun_in_box(args_list)

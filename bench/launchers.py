@@ -8,6 +8,18 @@ Both run the same rank script on the same machine with the same arguments:
 `--local-addr 127.0.0.1` because torchrun otherwise hands the ranks the machine's
 hostname as MASTER_ADDR, and the box's hostname (its own UTS namespace) does not
 resolve: the ranks would retry for minutes. gpulaunch uses 127.0.0.1 by default.
+
+A multi-node job is one launcher per node, all on this machine, joined by the static
+rendezvous that node 0 serves on loopback (`node_command`):
+
+    gpulaunch start --job TOKEN_nR --rdzv-id TOKEN --nnodes N --node-rank R --nproc P
+        --master-addr 127.0.0.1 --master-port PORT --local-addr 127.0.0.1 --grace 10 ...
+    torchrun --nnodes N --node-rank R --nproc-per-node P
+        --master-addr 127.0.0.1 --master-port PORT --local-addr 127.0.0.1 ...
+
+Each gpulaunch node gets a job id of its own only because all of them share one
+systemd here; `--rdzv-id` makes them one job. Here too the hostname does not resolve,
+so each node names its address (`--local-addr`).
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ from __future__ import annotations
 import enum
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +41,8 @@ from bench import procs
 
 BIN = Path(sys.executable).parent
 RANKS = Path(__file__).resolve().parent / "ranks"
+LOOPBACK = "127.0.0.1"
+NODE_GRACE_S = 10  # gpulaunch's default, spelled out: how long a stopped rank gets after SIGTERM
 
 
 class Launcher(enum.StrEnum):
@@ -90,6 +105,72 @@ def command(
         script,
         *script_args,
     ]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a multi-node job whose nodes all run on this machine."""
+
+    rank: int  # --node-rank
+    nnodes: int
+    port: int  # node 0's rendezvous store, the same for every node
+    rdzv_id: str  # the job among the nodes, the same for every node
+
+    @property
+    def token(self) -> str:
+        """This node's token and gpulaunch job id: TOKEN_nR (no character needs escaping)."""
+        return f"{self.rdzv_id}_n{self.rank}"
+
+
+def node_command(
+    launcher: Launcher, node: Node, nproc: int, script: str, args: Sequence[str]
+) -> list[str]:
+    """The command line of one node's launcher (static rendezvous, no restarts)."""
+    script_args = [*args, "--token", node.token]
+    rendezvous = [
+        "--nnodes",
+        str(node.nnodes),
+        "--node-rank",
+        str(node.rank),
+        "--master-addr",
+        LOOPBACK,
+        "--master-port",
+        str(node.port),
+        "--local-addr",
+        LOOPBACK,
+    ]
+    if launcher is Launcher.GPULAUNCH:
+        return [
+            str(BIN / "gpulaunch"),
+            "start",
+            "--job",
+            node.token,
+            "--rdzv-id",
+            node.rdzv_id,
+            *rendezvous,
+            "--nproc",
+            str(nproc),
+            "--grace",
+            str(NODE_GRACE_S),
+            script,
+            *script_args,
+        ]
+    return [
+        str(BIN / "torchrun"),
+        *rendezvous,
+        "--nproc-per-node",
+        str(nproc),
+        script,
+        *script_args,
+    ]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now, for node 0's rendezvous store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def environment(token: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -210,6 +291,31 @@ def start(
     """Start a launcher; its stdout is captured (read with `drain`) or written to a file."""
     token = new_token(label)
     argv = command(launcher, nproc, script, args, token, tee)
+    return _spawn(launcher, token, argv, log_dir, capture, extra_env)
+
+
+def start_node(
+    launcher: Launcher,
+    node: Node,
+    nproc: int,
+    script: str,
+    args: Sequence[str],
+    log_dir: Path,
+    extra_env: Mapping[str, str] | None = None,
+) -> Run:
+    """Start one node's launcher of a multi-node job; its stdout is written to a file."""
+    argv = node_command(launcher, node, nproc, script, args)
+    return _spawn(launcher, node.token, argv, log_dir, False, extra_env)
+
+
+def _spawn(
+    launcher: Launcher,
+    token: str,
+    argv: list[str],
+    log_dir: Path,
+    capture: bool,
+    extra_env: Mapping[str, str] | None,
+) -> Run:
     stderr = open(log_dir / f"{token}.{launcher}.err", "wb")  # noqa: SIM115 - closed below
     stdout: int | IO[bytes] = (
         subprocess.PIPE if capture else open(log_dir / f"{token}.{launcher}.out", "wb")  # noqa: SIM115
@@ -230,13 +336,16 @@ def start(
     return Run(launcher, token, argv, proc, started_at, os.pidfd_open(proc.pid))
 
 
-def stderr_tail(run: Run, log_dir: Path, lines: int = 8) -> str:
-    path = log_dir / f"{run.token}.{run.launcher}.err"
+def stderr_text(run: Run, log_dir: Path) -> str:
+    """What the launcher wrote to its stderr ("" when there is no file)."""
     try:
-        text = path.read_text(errors="replace")
+        return (log_dir / f"{run.token}.{run.launcher}.err").read_text(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+
+
+def stderr_tail(run: Run, log_dir: Path, lines: int = 8) -> str:
+    return "\n".join(stderr_text(run, log_dir).splitlines()[-lines:])
 
 
 def job_units(token: str) -> list[str]:

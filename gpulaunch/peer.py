@@ -69,6 +69,7 @@ class Peer:
         self.layout: Layout | None = None
         self.host = config.local_addr or socket.getfqdn()
         self._handler: Any = None  # keeps torch's rendezvous (and any store it serves) alive
+        self._cause_told = False
 
     # -- talking to the watcher ------------------------------------------
 
@@ -162,6 +163,14 @@ class Peer:
             if self.finishing.is_set():
                 return
             failure = self._store_lost()
+        self.tell_cause(failure)
+
+    def tell_cause(self, failure: NodeFailure) -> None:
+        """The job's first failure, to the watcher, once (the watch or the barrier may)."""
+        with self._send_lock:
+            if self._cause_told:
+                return
+            self._cause_told = True
         self.send(Event.CAUSE, failure=failure.to_dict())
 
     def _store_lost(self) -> NodeFailure:
@@ -238,11 +247,23 @@ class Peer:
                 if kind == Command.FAILED:
                     self.publish(store, NodeFailure.from_dict(body["failure"]))
                 elif kind == Command.FINISH:
-                    self.finishing.set()
-                    store.set(f"done/{me.node}", "done")
-                    store.wait([f"done/{n}" for n in range(self.layout.nnodes)], FOREVER)
-                    self.send(Event.FINISHED)
+                    self.finish(store)
                     return 0
+
+    def finish(self, store: Any) -> None:
+        """The exit barrier: set our `done`, wait for every node's; then say so."""
+        assert self.layout is not None
+        self.finishing.set()
+        try:
+            store.set(f"done/{self.layout.node_rank}", "done")
+            store.wait([f"done/{n}" for n in range(self.layout.nnodes)], FOREVER)
+            if store.check(["cause"]):  # make sure the watcher has it before it reports
+                self.tell_cause(NodeFailure.from_dict(json.loads(store.get("cause"))))
+        except Exception:  # noqa: BLE001
+            # The store went away: the node serving it passed the barrier (and so every
+            # node did) or it died; either way there is nobody left to wait for.
+            pass
+        self.send(Event.FINISHED)
 
 
 def _thread(target: Callable[[], None], name: str) -> None:

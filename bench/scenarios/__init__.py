@@ -1,4 +1,4 @@
-"""The six scenarios of issue 8, in order; each returns the metrics (rows) it measured."""
+"""The scenarios, in order: 1-6 of issue 8, then 7 (multi-node); each returns its metrics (rows)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.context import Context
-from bench.scenarios import failure, footprint, launch, output, scale, watcher_kill
+from bench.scenarios import cross_node, failure, footprint, launch, output, scale, watcher_kill
 from bench.stats import Metric
 
 
@@ -29,4 +29,5 @@ SCENARIOS = (
     Scenario(4, "footprint", footprint.run, _doc(footprint)),
     Scenario(5, "output volume", output.run, _doc(output)),
     Scenario(6, "scale", scale.run, _doc(scale)),
+    Scenario(7, "cross-node stop", cross_node.run, _doc(cross_node)),
 )
