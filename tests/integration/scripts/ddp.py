@@ -1,8 +1,8 @@
 """A small gloo DDP job for the multi-node tests: all_reduce steps, one rank may fail.
 
 Every rank writes `<dir>/rank<N>.pid`, `<dir>/rank<N>.failed` (the wall-clock time)
-right before it exits with its traceback, and `<dir>/rank<N>.term` (the time) when a SIGTERM reaches it,
-so a test can time how fast the other nodes' ranks were stopped.
+right before it exits with its traceback, and `<dir>/rank<N>.term` (the time) when a
+SIGTERM reaches it, so a test can time how fast the other nodes' ranks were stopped.
 """
 
 from __future__ import annotations
