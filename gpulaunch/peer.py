@@ -191,9 +191,9 @@ class Peer:
         store = self._client(timeout=cfg.heartbeat_timeout)
         me = layout.node_rank
         watched = [n for n in range(layout.nnodes) if n != me and (me == 0 or n == 0)]
-        seen: dict[int, tuple[int, float]] = {}
-        stop = threading.Event()
-        while not stop.wait(cfg.heartbeat_interval):
+        seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
+        while True:  # a timer, on purpose: silence is what it detects
+            time.sleep(cfg.heartbeat_interval)
             try:
                 store.add(f"hb/{me}", 1)
                 now = time.monotonic()

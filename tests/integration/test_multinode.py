@@ -311,6 +311,12 @@ def test_status_shows_the_other_nodes_and_stop_reaches_them(mjob: MultiJob) -> N
         box.run([GPULAUNCH, "status", "--json", job], capture_output=True, check=True).stdout
     )
     assert view["node_rank"] == 1 and [n["node"] for n in view["nodes"]] == [0, 1, 2]
+    # The watcher never loads torch; its peer does (the rendezvous and the store are torch's).
+    maps = box.run(["cat", f"/proc/{view['watcher_pid']}/maps"], capture_output=True, check=True)
+    assert "libtorch" not in maps.stdout
+    peer = box.run(["pgrep", "-f", f"gpulaunch.peer .*{mjob.id}"], capture_output=True, check=True)
+    peer_maps = box.run(["cat", f"/proc/{peer.stdout.split()[0]}/maps"], capture_output=True)
+    assert "libtorch" in peer_maps.stdout
     busctl = box.run(
         ["busctl", "--system", "get-property", bus_name(job), object_path(job)]
         + ["io.gpulaunch.Job1", "NodeRank"],

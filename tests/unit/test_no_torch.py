@@ -1,0 +1,28 @@
+"""The launcher never imports torch (a multi-node job's peer process does, by itself)."""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+
+import gpulaunch
+
+
+def test_no_gpulaunch_module_but_the_peer_imports_torch() -> None:
+    modules = [
+        f"gpulaunch.{m.name}"
+        for m in pkgutil.iter_modules(gpulaunch.__path__)
+        if m.name not in ("peer", "__main__")
+    ]
+    assert "gpulaunch.watcher" in modules and "gpulaunch.peerlink" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
