@@ -7,6 +7,7 @@ a missing script or a bad template fails here and leaves nothing behind.
 from __future__ import annotations
 
 import enum
+import importlib.util
 import os
 import re
 import secrets
@@ -139,6 +140,12 @@ def make_spec(
     nproc = resolve_nproc(opts.nproc, opts.resources, base_env, machine)
     places = place_ranks(opts.resources, nproc, base_env, machine)
     node_config = nodes.for_job(job, nproc)
+    if node_config is not None and importlib.util.find_spec("torch") is None:
+        raise UsageError(
+            f"a job of several nodes needs torch in gpulaunch's Python ({sys.executable}): "
+            "the nodes meet through torch's rendezvous",
+            "pip install 'gpulaunch[torch]' (or torch) into that environment",
+        )
     if node_config is None:
         layout = None
         addr = nodes.master_addr

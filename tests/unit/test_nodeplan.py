@@ -819,3 +819,30 @@ def test_c10d_ignores_node_rank_as_torchrun_does(node_rank: int) -> None:
     """Scripts pass --node_rank=$SLURM_NODEID whatever the backend; c10d assigns ranks."""
     p = plan(nnodes="2", rdzv_backend="c10d", rdzv_endpoint="rdv", node_rank=node_rank)
     assert p.config is not None and p.config.node_rank is None
+
+
+def test_several_nodes_need_torch_in_the_launchers_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    script = tmp_path / "train.py"
+    script.write_text("")
+    opts = StartOptions(
+        script=str(script),
+        args=(),
+        nproc=2,
+        job=None,
+        master_addr=None,
+        master_port=None,
+        grace_sec=1.0,
+        manager=Manager.SYSTEM,
+        nodes=NodeOptions(nnodes="2"),
+    )
+    with pytest.raises(UsageError) as info:
+        make_spec(opts, {"PATH": "/usr/bin"}, str(tmp_path))
+    assert "needs torch" in info.value.message and info.value.exit_code == 2
