@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import sys
 import traceback
 from collections.abc import Sequence
@@ -36,6 +34,7 @@ from gpulaunch.detach import Detached
 from gpulaunch.environment import omp_default_applies
 from gpulaunch.errors import GpulaunchError, UsageError
 from gpulaunch.gpus import parse_gpu_list
+from gpulaunch.interrupts import install_wakeup
 from gpulaunch.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
 from gpulaunch.journal import sync as journal_sync
 from gpulaunch.model import JobSpec, Manager
@@ -383,17 +382,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _signal_wakeup() -> int:
-    """Signals become bytes on a socket that the watcher's loop selects on."""
-    read_end, write_end = socket.socketpair()
-    for sock in (read_end, write_end):
-        sock.setblocking(False)
-    signal.set_wakeup_fd(write_end.detach(), warn_on_full_buffer=False)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda *_: None)
-    return read_end.detach()
-
-
 def cmd_start(args: argparse.Namespace) -> int:
     from gpulaunch.bus import JobPublisher
     from gpulaunch.peerlink import PeerLink
@@ -428,7 +416,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             "rules: each rank sees only its GPU, but could still open the others; run as root "
             "for enforced isolation"
         )
-    wakeup = _signal_wakeup()
+    wakeup = install_wakeup()
     with ExitStack() as stack:
         peer = None
         if spec.node_config is not None:

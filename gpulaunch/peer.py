@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpulaunch.interrupts import INTERRUPTS
 from gpulaunch.nodes import (
     NODE_LOST_STATUS,
     Backend,
@@ -272,7 +273,7 @@ def _thread(target: Callable[[], None], name: str) -> None:
 
 def main() -> int:
     # The watcher handles the terminal's and systemd's signals and tells us what to do.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in INTERRUPTS:
         signal.signal(sig, signal.SIG_IGN)
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     die_with_watcher(signal.SIGKILL)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import selectors
-import signal
 import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpulaunch.errors import GpulaunchError, NodeLinkError
+from gpulaunch.interrupts import pending
 from gpulaunch.model import signal_name
 from gpulaunch.nodes import Command, Event, Layout, NodeConfig, NodeFailure, decode, encode
 from gpulaunch.procs import HeldChild, WaitStatus, kill_held, reap, spawn_held
@@ -70,7 +70,8 @@ class PeerLink:
             while True:
                 for key, _ in sel.select():
                     if key.fileobj == wakeup_fd:
-                        _interrupts(wakeup_fd)
+                        for signum in pending(wakeup_fd):
+                            raise Interrupted(signum)
                         continue
                     for kind, body in self.receive():
                         if kind == Event.JOINED:
@@ -134,13 +135,3 @@ class PeerLink:
             self.reap()
         self.child.close()
         self.sock.close()
-
-
-def _interrupts(wakeup_fd: int) -> None:
-    try:
-        data = os.read(wakeup_fd, 64)
-    except BlockingIOError:
-        return
-    for signum in data:
-        if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            raise Interrupted(signum)

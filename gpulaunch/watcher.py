@@ -29,6 +29,7 @@ from typing import Protocol
 from gpulaunch.environment import attempt_environment
 from gpulaunch.errorfile import ErrorFiles, runtime_base
 from gpulaunch.errors import GpulaunchError, JobExistsError, SystemdError
+from gpulaunch.interrupts import pending
 from gpulaunch.model import (
     Cause,
     JobReport,
@@ -49,8 +50,6 @@ from gpulaunch.procs import HeldChild, fork_held, kill_held, reap, spawn_held
 from gpulaunch.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.systemd import SystemdAPI
 from gpulaunch.units import UnitDefinition
-
-INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 class Phase(enum.StrEnum):
@@ -382,13 +381,7 @@ class Watcher:
     # -- events -----------------------------------------------------------
 
     def _on_signal(self) -> None:
-        try:
-            data = os.read(self.wakeup_fd, 64)
-        except BlockingIOError:
-            return
-        for signum in data:
-            if signum not in INTERRUPTS:
-                continue
+        for signum in pending(self.wakeup_fd):
             if self.interrupt is None:
                 self.interrupt = (self.clock(), signum)
                 self._tell_interrupted(signum)

@@ -1,0 +1,29 @@
+"""SIGINT, SIGTERM and SIGHUP as bytes on a socket that an event loop selects on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+def install_wakeup() -> int:
+    """Route the interrupts to a socket; its read end, for the loop."""
+    read_end, write_end = socket.socketpair()
+    for sock in (read_end, write_end):
+        sock.setblocking(False)
+    signal.set_wakeup_fd(write_end.detach(), warn_on_full_buffer=False)
+    for signum in INTERRUPTS:
+        signal.signal(signum, lambda *_: None)
+    return read_end.detach()
+
+
+def pending(wakeup_fd: int) -> list[int]:
+    """The interrupts that arrived since the last call, in order (other signals dropped)."""
+    try:
+        data = os.read(wakeup_fd, 64)
+    except BlockingIOError:
+        return []
+    return [signum for signum in data if signum in INTERRUPTS]
