@@ -21,6 +21,7 @@ from gpulaunch.record import Recorder
 from gpulaunch.report import format_report, headline, nodes_line
 from gpulaunch.watcher import Watcher
 from tests.unit.test_jobapi import decode
+from tests.unit.test_jobapi import view as single_node_view
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 
 
@@ -246,18 +247,12 @@ def test_no_nodes_line_for_one_node() -> None:
 
 
 def view(**kw: object) -> JobView:
-    """Node 0 of three, stopped because rank 3 on node 1 failed."""
+    """Node 0 of three, stopped because rank 3 on node 1 failed (test_jobapi's view, grown)."""
     ranks = (
         RankView(0, 0, "gpulaunch-j-rank0.scope", 10, "stopped", -1, 15, True, 143, 2.0),
         RankView(1, 1, "gpulaunch-j-rank1.scope", 11, "stopped", -1, 15, True, 143, 2.0),
     )
-    base: dict[str, object] = dict(
-        job="j",
-        slice="gpulaunch-j.slice",
-        manager="system",
-        owner=0,
-        watcher_pid=9,
-        state=JobState.FAILED,
+    multinode: dict[str, object] = dict(
         world_size=5,
         ranks=ranks,
         status=1,
@@ -269,8 +264,7 @@ def view(**kw: object) -> JobView:
         cause_host="hostB",
         cause_what="rank 3 exit 1",
     )
-    base.update(kw)
-    return JobView(**base)  # type: ignore[arg-type]
+    return single_node_view(**{**multinode, **kw})
 
 
 SINGLE = dict(node_rank=-1, nodes=(), cause_node=-1, cause_host="", cause_what="")

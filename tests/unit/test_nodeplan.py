@@ -18,7 +18,7 @@ import pytest
 
 from gpulaunch import cli
 from gpulaunch.errors import UsageError
-from gpulaunch.model import JobSpec, Manager
+from gpulaunch.model import JobSpec
 from gpulaunch.nodeplan import (
     C10D_PORT,
     LOCALHOST,
@@ -33,6 +33,7 @@ from gpulaunch.nodes import Backend, Layout, NodeConfig, NodeInfo
 from gpulaunch.placement import Machine
 from gpulaunch.plan import StartOptions, make_spec
 from tests.unit.test_placement import Untouchable
+from tests.unit.test_placement import options as placement_options
 
 # What `srun --nodes=2 --ntasks-per-node=1` exports on the second node of a
 # two-node allocation (job 4242, step 0).
@@ -568,25 +569,10 @@ def test_max_restarts_under_a_multi_node_slurm_step() -> None:
 # -- make_spec: the ranks of one node ----------------------------------------------------
 
 
-@pytest.fixture
-def script(tmp_path: Path) -> Path:
-    path = tmp_path / "train.py"
-    path.write_text("print('hi')\n")
-    return path
-
-
 def options(script: Path, **kw: object) -> StartOptions:
-    base: dict[str, object] = dict(
-        script=script.name,
-        args=(),
-        nproc=3,
-        job=None,
-        master_addr=None,
-        master_port=None,
-        grace_sec=10.0,
-        manager=Manager.SYSTEM,
-    )
-    return StartOptions(**{**base, **kw})  # type: ignore[arg-type]
+    """test_placement's options, as a multi-node user gives them: no job id, address or port."""
+    defaults: dict[str, object] = dict(nproc=3, job=None, master_addr=None, master_port=None)
+    return placement_options(script, **{**defaults, **kw})
 
 
 NO_MACHINE = Machine(Untouchable(), Untouchable())
@@ -822,7 +808,7 @@ def test_c10d_ignores_node_rank_as_torchrun_does(node_rank: int) -> None:
 
 
 def test_several_nodes_need_torch_in_the_launchers_python(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    script: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import importlib.util
 
@@ -830,19 +816,6 @@ def test_several_nodes_need_torch_in_the_launchers_python(
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
     )
-    script = tmp_path / "train.py"
-    script.write_text("")
-    opts = StartOptions(
-        script=str(script),
-        args=(),
-        nproc=2,
-        job=None,
-        master_addr=None,
-        master_port=None,
-        grace_sec=1.0,
-        manager=Manager.SYSTEM,
-        nodes=NodeOptions(nnodes="2"),
-    )
     with pytest.raises(UsageError) as info:
-        make_spec(opts, {"PATH": "/usr/bin"}, str(tmp_path))
+        make_spec(options(script, nodes=NodeOptions(nnodes="2")), {}, str(script.parent))
     assert "needs torch" in info.value.message and info.value.exit_code == 2

@@ -211,13 +211,6 @@ def test_memory_max_refused(text: str, problem: str) -> None:
 # --- through the plan and the command line
 
 
-@pytest.fixture
-def script(tmp_path: Path) -> Path:
-    path = tmp_path / "train.py"
-    path.write_text("print('hi')\n")
-    return path
-
-
 def options(script: Path, **kw: object) -> StartOptions:
     base: dict[str, object] = dict(
         script=script.name,
