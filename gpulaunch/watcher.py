@@ -40,9 +40,9 @@ from gpulaunch.model import (
     RankState,
     check_transition,
     job_outcome,
-    signal_name,
 )
-from gpulaunch.nodes import NODE_LOST_STATUS, Event, NodeFailure
+from gpulaunch.nodes import NodeFailure
+from gpulaunch.othernodes import OtherNodes
 from gpulaunch.output import Output, OutputOptions, Stream
 from gpulaunch.peerlink import PeerLink
 from gpulaunch.plan import JobUnits
@@ -93,7 +93,6 @@ class Observer(Protocol):
 
 
 FINISH_TIMEOUT = 2.0  # how long observers may take to publish the end of a job
-ERROR_LINES_SHARED = 40  # of a failed rank's traceback, told to the other nodes
 
 
 class Watcher:
@@ -138,13 +137,10 @@ class Watcher:
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
-        # Multi-node: the link to the other nodes, and what they said.
-        self.peer = peer
-        self.node_failure: NodeFailure | None = None  # the job's first failure, any node
-        self._elsewhere_at: float | None = None  # when we learnt it was another node's
-        self._told_failure = False
-        self._finish_told = False
-        self._peer_done = False  # it passed the exit barrier, or it ended
+        self.nodes: OtherNodes | None = None  # several nodes: what the others said
+        if peer is not None:
+            assert spec.layout is not None
+            self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
 
     # -- the loop ---------------------------------------------------------
 
@@ -158,9 +154,8 @@ class Watcher:
             stack.callback(self.output.close)
             for observer in self.observers:
                 observer.attach(self, self._aio)
-            if self.peer is not None:
-                self._watch(self.peer.fileno(), self._on_peer)
-                self._watch(self.peer.pidfd, self._on_peer_exit)
+            if self.nodes is not None:
+                self.nodes.attach(self._watch, self._aio.remove_reader)
             self._create_job_units(stack)
             self._errors = stack.enter_context(
                 ErrorFiles(self._runtime_dir, self.spec.names.component)
@@ -211,13 +206,16 @@ class Watcher:
 
     def _stopping_asked(self) -> bool:
         """Interrupted, or another node failed: no (more) ranks to start."""
-        return self.interrupt is not None or self._elsewhere_at is not None
+        return self.interrupt is not None or (
+            self.nodes is not None and self.nodes.elsewhere_at is not None
+        )
 
     def request_stop(self) -> None:
         """Stop the job gracefully, as a first SIGTERM would (for observers)."""
         if self.interrupt is None:
             self.interrupt = (self.clock(), signal.SIGTERM)
-            self._tell_interrupted(signal.SIGTERM)
+            if self.nodes is not None:
+                self.nodes.offer_interrupt(signal.SIGTERM)
         if self.phase is not Phase.STARTING:
             self._begin_stop()
         self._poke()
@@ -275,14 +273,10 @@ class Watcher:
                 return False
             self._begin_stop()
         done = self.stop_job is None and output_done
-        if not done or self.peer is None:
+        if not done or self.nodes is None:
             return done
-        if not self._finish_told:
-            # Our ranks are done: through the exit barrier, so that a store this
-            # node's peer serves stays until every node is done with it.
-            self._finish_told = True
-            self.peer.tell_finish()
-        return self._peer_done
+        # Through the exit barrier: a store our peer serves stays until every node is done.
+        return self.nodes.finish()
 
     # -- starting ---------------------------------------------------------
 
@@ -320,7 +314,7 @@ class Watcher:
         # through BindsTo=, every rank: no code of ours needs to run for that.
         # The peer shares our scope: it outlives us just long enough to tell the
         # other nodes that we died, and then the scope is empty.
-        pids = (os.getpid(),) if self.peer is None else (os.getpid(), self.peer.pid)
+        pids = (os.getpid(),) if self.nodes is None else (os.getpid(), self.nodes.peer.pid)
         self._wait_job(self._start_unit(units.watcher, pids), units.watcher.name)
         undo.pop_all()
         self._wait_job(self._start_unit(units.ranks_slice), units.ranks_slice.name)
@@ -384,7 +378,8 @@ class Watcher:
         for signum in pending(self.wakeup_fd):
             if self.interrupt is None:
                 self.interrupt = (self.clock(), signum)
-                self._tell_interrupted(signum)
+                if self.nodes is not None:
+                    self.nodes.offer_interrupt(signum)
                 if self.phase is not Phase.STARTING:
                     self._begin_stop()
             else:
@@ -459,76 +454,21 @@ class Watcher:
         )
         self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:
-            self._tell_failure(
-                f"rank {rank.spec.rank} {rank.exit.describe()}", rank.exit.status, rank.spec.rank
-            )
+            if self.nodes is not None:
+                error, source = self._rank_error(rank.spec.rank)
+                what = f"rank {rank.spec.rank} {rank.exit.describe()}"
+                self.nodes.offer(what, rank.exit.status, rank.spec.rank, error, source)
             self._begin_stop()
 
     # -- the other nodes (multi-node jobs) ------------------------------
 
-    def _tell_failure(self, what: str, status: int, rank: int | None = None) -> None:
-        """Offer this node's first failure as the job's cause (the store decides)."""
-        layout = self.spec.layout
-        if self.peer is None or layout is None or self._told_failure:
-            return
-        self._told_failure = True
-        me = layout.this_node
-        error, source = self._rank_error(rank) if rank is not None else (None, None)
-        if error is not None:
-            error = "\n".join(error.splitlines()[-ERROR_LINES_SHARED:])
-        self.peer.tell_failed(
-            NodeFailure(
-                node=me.node,
-                host=me.host,
-                status=status,
-                what=what,
-                rank=rank,
-                error=error,
-                error_source=source,
-            )
-        )
+    @property
+    def node_failure(self) -> NodeFailure | None:
+        """A multi-node job's first failure, on any node (None: none, or one node)."""
+        return self.nodes.failure if self.nodes is not None else None
 
-    def _tell_interrupted(self, signum: int) -> None:
-        self._tell_failure(f"interrupted by {signal_name(signum)}", 128 + signum)
-
-    def _on_peer(self) -> None:
-        assert self.peer is not None
-        for kind, body in self.peer.receive():
-            if kind == Event.CAUSE:
-                self._on_cause(NodeFailure.from_dict(body["failure"]))
-            elif kind == Event.ERROR:
-                self._on_cause(self._link_failure(body["message"]))
-            elif kind == Event.FINISHED:
-                self._peer_done = True
-        if self.peer.closed:
-            self._aio.remove_reader(self.peer.fileno())
-
-    def _on_peer_exit(self) -> None:
-        assert self.peer is not None
-        status = self.peer.reap()
-        self._aio.remove_reader(self.peer.pidfd)
-        self._on_peer()  # what it said before it went
-        if not self._finish_told:
-            self._on_cause(self._link_failure(f"its process ended ({status.describe()})"))
-        self._peer_done = True
-
-    def _link_failure(self, why: str) -> NodeFailure:
-        return NodeFailure(
-            node=-1,
-            host="",
-            status=NODE_LOST_STATUS,
-            what=f"this node lost its link to the other nodes: {why}",
-        )
-
-    def _on_cause(self, failure: NodeFailure) -> None:
-        """The job's first failure: when it was another node's, stop ours."""
-        if self.node_failure is not None:
-            return
-        self.node_failure = failure
-        layout = self.spec.layout
-        if layout is not None and failure.node == layout.node_rank:
-            return  # ours: already stopping
-        self._elsewhere_at = self.clock()
+    def _on_elsewhere(self, failure: NodeFailure) -> None:
+        """Another node failed first: stop ours."""
         self.output.message(f"gpulaunch: {failure.describe()}; stopping this node's ranks")
         if self.phase is not Phase.STARTING:
             self._begin_stop()
@@ -593,9 +533,7 @@ class Watcher:
         return (tail, "the last lines of its stderr") if tail else (None, None)
 
     def report(self) -> JobReport:
-        elsewhere = None
-        if self._elsewhere_at is not None and self.node_failure is not None:
-            elsewhere = (self._elsewhere_at, self.node_failure.status)
+        elsewhere = self.nodes.elsewhere if self.nodes is not None else None
         outcome = job_outcome(self._exits(), self.interrupt, elsewhere)
         error = self.start_error
         results = []
