@@ -457,3 +457,14 @@ def test_environment_matches_torchrun_on_two_nodes(mjob: MultiJob) -> None:
         assert (int(g["MASTER_PORT"]), int(t["MASTER_PORT"])) == (mjob.port + 1, mjob.port)
         added_by_torchrun = set(t) - set(env)
         assert added_by_torchrun <= set(g), added_by_torchrun - set(g)
+
+
+def test_watcher_killed_during_the_rendezvous_leaves_no_peer(mjob: MultiJob) -> None:
+    """Before the job's units exist no scope holds the peer: it dies with its watcher."""
+    proc = mjob.start([mjob.static(1, nnodes=2)])[0]
+    peer = ["pgrep", "-f", f"gpulaunch.peer .*{mjob.id}"]
+    wait_until(lambda: mjob.boxes[0].run(peer).returncode == 0, 30, "the peer is running")
+    os.kill(mjob.boxes[0].inner_pid(proc), signal.SIGKILL)
+    proc.wait(timeout=30)
+    wait_until(lambda: mjob.boxes[0].run(peer).returncode == 1, 10, "the peer is gone")
+    assert mjob.leftovers(0) == []
