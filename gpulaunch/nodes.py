@@ -64,10 +64,6 @@ class NodeInfo:
     nproc: int
     pid: int  # its watcher's
 
-    @property
-    def ranks(self) -> range:
-        return range(self.first_rank, self.first_rank + self.nproc)
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -90,9 +86,6 @@ class Layout:
     @property
     def first_rank(self) -> int:
         return self.this_node.first_rank
-
-    def node_of(self, rank: int) -> int | None:
-        return next((n.node for n in self.nodes if rank in n.ranks), None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -123,9 +123,6 @@ def test_layout_from_dict_leaves_its_argument_alone() -> None:
 def test_layout_places_the_ranks() -> None:
     assert LAYOUT.this_node == NODES[1]
     assert LAYOUT.first_rank == 2
-    assert list(NODES[1].ranks) == [2, 3, 4, 5]
-    assert [LAYOUT.node_of(r) for r in range(8)] == [0, 0, 1, 1, 1, 1, 2, None]
-    assert LAYOUT.node_of(-1) is None
 
 
 @pytest.mark.parametrize("failure", FAILURES)
