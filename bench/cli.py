@@ -38,7 +38,7 @@ SCRATCH = REPO / "bench" / ".scratch"
 WORKTREE = "worktree"
 # What gpulaunch reads from the checkout: the package, its unit templates, and the D-Bus
 # interface files it finds next to the package (packaging/dbus).
-SNAPSHOT_PARTS = ("gpulaunch", "units", "packaging")
+SNAPSHOT_PARTS = ("gpulaunch", "packaging")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--snapshot",
         metavar="REV",
-        help="benchmark a copy of gpulaunch/, units/, packaging/ made at the start, first on "
+        help="benchmark a copy of gpulaunch/, packaging/ made at the start, first on "
         "PYTHONPATH: "
         "as committed in REV (e.g. HEAD; git archive), or 'worktree' (as they are now), so "
         "that edits made while the benchmark runs do not change what it measures",

@@ -50,7 +50,7 @@ def describe() -> dict[str, Any]:
         if line.startswith("PRETTY_NAME="):
             os_name = line.split("=", 1)[1].strip('"')
     commit = command("git", "rev-parse", "--short", "HEAD")
-    dirty = command("git", "status", "--porcelain", "--", "gpulaunch", "units") != "unknown"
+    dirty = command("git", "status", "--porcelain", "--", "gpulaunch") != "unknown"
     return {
         "CPUs": os.cpu_count(),
         "memory": f"{mem_kib / 1024 / 1024:.1f} GiB",
@@ -59,7 +59,7 @@ def describe() -> dict[str, Any]:
         "Python": platform.python_version(),
         "torch": metadata.version("torch"),
         "gpulaunch": f"{metadata.version('gpulaunch')}, commit {commit}"
-        + (" with uncommitted changes in gpulaunch/ or units/" if dirty else ""),
+        + (" with uncommitted changes in gpulaunch/" if dirty else ""),
         "systemd": command("systemctl", "--version"),
         "where": "inside the project's systemd box (sdbox)"
         if os.environ.get(IN_BOX)

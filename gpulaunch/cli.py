@@ -29,21 +29,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from gpulaunch import jobctl
-from gpulaunch.detach import Detached
-from gpulaunch.environment import omp_default_applies
 from gpulaunch.errors import GpulaunchError, UsageError
-from gpulaunch.gpus import parse_gpu_list
-from gpulaunch.interrupts import install_wakeup
-from gpulaunch.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
-from gpulaunch.journal import sync as journal_sync
+from gpulaunch.jobapi import commands as jobctl
+from gpulaunch.logs.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
+from gpulaunch.logs.journal import sync as journal_sync
+from gpulaunch.logs.output import Output, OutputOptions, parse_ranks
 from gpulaunch.model import JobSpec, Manager
-from gpulaunch.nodeplan import NodeOptions
-from gpulaunch.nodes import Layout
+from gpulaunch.multinode.options import NodeOptions
+from gpulaunch.multinode.protocol import Layout
 from gpulaunch.options import add_manager_options, manager_of
-from gpulaunch.output import Output, OutputOptions, parse_ranks
-from gpulaunch.placement import Resources
-from gpulaunch.plan import (
+from gpulaunch.plan.environment import omp_default_applies
+from gpulaunch.plan.gpus import parse_gpu_list
+from gpulaunch.plan.placement import Resources
+from gpulaunch.plan.spec import (
     JobUnits,
     Launch,
     StartOptions,
@@ -51,9 +49,11 @@ from gpulaunch.plan import (
     make_spec,
     render_units,
 )
+from gpulaunch.plan.topology import CpuBind
 from gpulaunch.report import format_report
-from gpulaunch.topology import CpuBind
-from gpulaunch.units import Templates
+from gpulaunch.units.templates import Templates
+from gpulaunch.watcher.detach import Detached
+from gpulaunch.watcher.interrupts import install_wakeup
 
 INTERNAL_ERROR = 70
 
@@ -256,7 +256,7 @@ def _gpu_list(text: str) -> tuple[int, ...]:
 
 
 def _add_placement_options(p: argparse.ArgumentParser) -> None:
-    """GPUs and CPUs per rank (gpulaunch/placement.py)."""
+    """GPUs and CPUs per rank (gpulaunch/plan/placement.py)."""
     p.add_argument(
         "--cpus-per-rank",
         type=int,
@@ -383,12 +383,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from gpulaunch.bus import JobPublisher
-    from gpulaunch.peerlink import PeerLink
-    from gpulaunch.pump import journal_reachable
-    from gpulaunch.record import Recorder
-    from gpulaunch.systemd import Systemd  # pystemd is only needed to run jobs
-    from gpulaunch.watcher import Watcher
+    from gpulaunch.jobapi.publisher import JobPublisher
+    from gpulaunch.jobapi.record import Recorder
+    from gpulaunch.logs.pump import journal_reachable
+    from gpulaunch.multinode.peerlink import PeerLink
+    from gpulaunch.supervisor.systemd_api import Systemd  # pystemd is only needed to run jobs
+    from gpulaunch.watcher.loop import Watcher
 
     spec, units = _plan(args)
     detached = Detached.fork() if args.detach else None

@@ -10,8 +10,8 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpulaunch.names import UnitNames
-from gpulaunch.nodes import Layout, NodeConfig, NodeFailure
+from gpulaunch.multinode.protocol import Layout, NodeConfig, NodeFailure
+from gpulaunch.units.names import UnitNames
 
 
 class Manager(enum.StrEnum):
@@ -30,7 +30,7 @@ class RankSpec:
     unit: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
-    # Placement (gpulaunch/placement.py): the GPU's index, AllowedCPUs=, DeviceAllow= rules.
+    # Placement (gpulaunch/plan/placement.py): the GPU's index, AllowedCPUs=, DeviceAllow= rules.
     gpu: int | None = None
     cpus: str | None = None
     device_allow: tuple[tuple[str, str], ...] = ()

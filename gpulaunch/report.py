@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
-from gpulaunch.nodes import Layout
+from gpulaunch.multinode.protocol import Layout
 
 JOURNALD_DROP_IN = "packaging/journald/60-gpulaunch.conf"
 

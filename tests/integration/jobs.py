@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulaunch.names import UnitNames
+from gpulaunch.units.names import UnitNames
 
 REPO = Path(__file__).resolve().parents[2]
 GPULAUNCH = str(Path(sys.executable).with_name("gpulaunch"))

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpulaunch.jobview import bus_name, object_path
-from gpulaunch.record import MESSAGE_ID
+from gpulaunch.jobapi.record import MESSAGE_ID
+from gpulaunch.jobapi.view import bus_name, object_path
 from tests.integration.jobs import GPULAUNCH, REPO, Job, wait_until
 from tests.integration.test_start import assert_clean
 

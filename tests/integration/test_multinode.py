@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from gpulaunch.jobview import bus_name, object_path
-from gpulaunch.names import UnitNames
-from gpulaunch.nodes import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, NODE_LOST_STATUS
+from gpulaunch.jobapi.view import bus_name, object_path
+from gpulaunch.multinode.protocol import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, NODE_LOST_STATUS
+from gpulaunch.units.names import UnitNames
 from sdbox import Box, HostSystemd, host_systemd_running
 from tests.integration.conftest import box_files
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until
@@ -162,7 +162,9 @@ class MultiJob:
             check=True,
         ).stdout
         left = [u for u in units.splitlines() if f"gpulaunch-{component}" in u]
-        procs = box.run(["pgrep", "-af", f"{DDP}|gpulaunch.peer"], capture_output=True).stdout
+        procs = box.run(
+            ["pgrep", "-af", f"{DDP}|gpulaunch.multinode.peer"], capture_output=True
+        ).stdout
         return left + [p for p in procs.splitlines() if str(self.dir) in p or "peer" in p]
 
     def stop_all(self) -> None:
@@ -314,7 +316,9 @@ def test_status_shows_the_other_nodes_and_stop_reaches_them(mjob: MultiJob) -> N
     # The watcher never loads torch; its peer does (the rendezvous and the store are torch's).
     maps = box.run(["cat", f"/proc/{view['watcher_pid']}/maps"], capture_output=True, check=True)
     assert "libtorch" not in maps.stdout
-    peer = box.run(["pgrep", "-f", f"gpulaunch.peer .*{mjob.id}"], capture_output=True, check=True)
+    peer = box.run(
+        ["pgrep", "-f", f"gpulaunch.multinode.peer .*{mjob.id}"], capture_output=True, check=True
+    )
     peer_maps = box.run(["cat", f"/proc/{peer.stdout.split()[0]}/maps"], capture_output=True)
     assert "libtorch" in peer_maps.stdout
     busctl = box.run(
@@ -402,7 +406,7 @@ def test_rendezvous_that_never_completes_fails_in_one_line(mjob: MultiJob) -> No
 def test_interrupt_while_waiting_for_the_other_nodes(mjob: MultiJob) -> None:
     opts: Any = mjob.static(1, nnodes=2)
     proc = mjob.start([opts])[0]
-    peer = ["pgrep", "-f", f"gpulaunch.peer .*{mjob.id}"]
+    peer = ["pgrep", "-f", f"gpulaunch.multinode.peer .*{mjob.id}"]
     wait_until(lambda: mjob.boxes[0].run(peer).returncode == 0, 30, "the peer is running")
     os.kill(mjob.boxes[0].inner_pid(proc), signal.SIGINT)
     (e,) = finish([proc], mjob.boxes)
@@ -462,7 +466,7 @@ def test_environment_matches_torchrun_on_two_nodes(mjob: MultiJob) -> None:
 def test_watcher_killed_during_the_rendezvous_leaves_no_peer(mjob: MultiJob) -> None:
     """Before the job's units exist no scope holds the peer: it dies with its watcher."""
     proc = mjob.start([mjob.static(1, nnodes=2)])[0]
-    peer = ["pgrep", "-f", f"gpulaunch.peer .*{mjob.id}"]
+    peer = ["pgrep", "-f", f"gpulaunch.multinode.peer .*{mjob.id}"]
     wait_until(lambda: mjob.boxes[0].run(peer).returncode == 0, 30, "the peer is running")
     os.kill(mjob.boxes[0].inner_pid(proc), signal.SIGKILL)
     proc.wait(timeout=30)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.codec import INFINITY, parse_unit
-from gpulaunch.unitvalues import parse_boolean, parse_cpu_set, parse_timespan
+from gpulaunch.units.codec import INFINITY, parse_unit
+from gpulaunch.units.values import parse_boolean, parse_cpu_set, parse_timespan
 from sdbox import Box
 from tests.fake_machine import FakeGpu, write_fake_machine
 from tests.integration.jobs import GPULAUNCH, REPO, Job, wait_until

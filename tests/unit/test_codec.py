@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from gpulaunch.codec import INFINITY, Property, parse_unit
 from gpulaunch.errors import TemplateError, UnitFileError
+from gpulaunch.units.codec import INFINITY, Property, parse_unit
 
 SOURCE = "units/test.scope"
 UINT32_MAX = 2**32 - 1

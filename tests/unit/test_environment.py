@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gpulaunch.environment import RankPlace, rank_environment
+from gpulaunch.plan.environment import RankPlace, rank_environment
 
 
 def env(base: dict[str, str], rank: int = 1, n: int = 4) -> dict[str, str]:

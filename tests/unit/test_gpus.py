@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.errors import UsageError
-from gpulaunch.gpus import (
+from gpulaunch.plan.gpus import (
     Gpu,
     MachineInventory,
     StaticInventory,

@@ -16,16 +16,16 @@ from dbus_fast import Variant
 from dbus_fast.introspection import Node
 from dbus_fast.validators import is_bus_name_valid, is_object_path_valid
 
-from gpulaunch import record
-from gpulaunch.bus import (
+from gpulaunch.jobapi import record
+from gpulaunch.jobapi.publisher import (
     FINISHED_SIGNATURE,
     POLICY_FILE,
     RANK_EXITED_SIGNATURE,
     interface_xml,
     packaging_dir,
 )
-from gpulaunch.detach import Detached, _tail_overlap
-from gpulaunch.jobview import (
+from gpulaunch.jobapi.record import Recorder
+from gpulaunch.jobapi.view import (
     INTERFACE,
     JobState,
     JobView,
@@ -36,8 +36,8 @@ from gpulaunch.jobview import (
     object_path,
 )
 from gpulaunch.model import Cause
-from gpulaunch.record import Recorder
-from gpulaunch.watcher import Watcher
+from gpulaunch.watcher.detach import Detached, _tail_overlap
+from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 
 ODD_IDS = [

@@ -12,14 +12,14 @@ import pytest
 from dbus_fast import Variant
 from dbus_fast.introspection import Node
 
-from gpulaunch import record
-from gpulaunch.bus import interface_xml
-from gpulaunch.jobview import INTERFACE, NODE_SIGNATURE, JobState, JobView, RankView
+from gpulaunch.jobapi import record
+from gpulaunch.jobapi.publisher import interface_xml
+from gpulaunch.jobapi.record import Recorder
+from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView, RankView
 from gpulaunch.model import Cause, JobReport, RankExit, RankResult, job_outcome
-from gpulaunch.nodes import Layout, NodeFailure, NodeInfo
-from gpulaunch.record import Recorder
+from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.report import format_report, headline, nodes_line
-from gpulaunch.watcher import Watcher
+from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_jobapi import decode
 from tests.unit.test_jobapi import view as single_node_view
 from tests.unit.test_watcher import FakeSystemd, make_job, sh

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulaunch.names import UnitNames, escape, validate_job_id
+from gpulaunch.units.names import UnitNames, escape, validate_job_id
 
 
 @pytest.mark.parametrize(

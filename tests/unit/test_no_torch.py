@@ -11,11 +11,11 @@ import gpulaunch
 
 def test_no_gpulaunch_module_but_the_peer_imports_torch() -> None:
     modules = [
-        f"gpulaunch.{m.name}"
-        for m in pkgutil.iter_modules(gpulaunch.__path__)
-        if m.name not in ("peer", "__main__")
+        m.name
+        for m in pkgutil.walk_packages(gpulaunch.__path__, "gpulaunch.")
+        if m.name not in ("gpulaunch.multinode.peer", "gpulaunch.__main__")
     ]
-    assert "gpulaunch.watcher" in modules and "gpulaunch.peerlink" in modules
+    assert "gpulaunch.watcher.loop" in modules and "gpulaunch.multinode.peerlink" in modules
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"

@@ -19,7 +19,7 @@ import pytest
 from gpulaunch import cli
 from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec
-from gpulaunch.nodeplan import (
+from gpulaunch.multinode.options import (
     C10D_PORT,
     LOCALHOST,
     STATIC_PORT,
@@ -29,9 +29,9 @@ from gpulaunch.nodeplan import (
     plan_nodes,
     split_endpoint,
 )
-from gpulaunch.nodes import Backend, Layout, NodeConfig, NodeInfo
-from gpulaunch.placement import Machine
-from gpulaunch.plan import StartOptions, make_spec
+from gpulaunch.multinode.protocol import Backend, Layout, NodeConfig, NodeInfo
+from gpulaunch.plan.placement import Machine
+from gpulaunch.plan.spec import StartOptions, make_spec
 from tests.unit.test_placement import Untouchable
 from tests.unit.test_placement import options as placement_options
 

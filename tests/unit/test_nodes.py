@@ -1,4 +1,4 @@
-"""What the nodes tell each other: the JSON codecs of gpulaunch/nodes.py and the peer protocol."""
+"""What the nodes tell each other: the JSON codecs of multinode/protocol.py and the peer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpulaunch.nodes import (
+from gpulaunch.multinode.protocol import (
     Backend,
     Command,
     Event,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.output import Output, OutputOptions, Stream, Terminal, parse_ranks
+from gpulaunch.logs.output import Output, OutputOptions, Stream, Terminal, parse_ranks
 
 
 class Screen:

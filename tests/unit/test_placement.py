@@ -9,17 +9,17 @@ import pytest
 
 from gpulaunch.cli import build_parser, start_options
 from gpulaunch.errors import UsageError
-from gpulaunch.gpus import Gpu, StaticInventory
 from gpulaunch.model import Manager
-from gpulaunch.placement import (
+from gpulaunch.plan.gpus import Gpu, StaticInventory
+from gpulaunch.plan.placement import (
     SHARED_NVIDIA_DEVICES,
     Machine,
     Resources,
     check_memory_max,
     place_ranks,
 )
-from gpulaunch.plan import StartOptions, make_spec
-from gpulaunch.topology import CpuBind, CpuTopology, parse_cpu_list
+from gpulaunch.plan.spec import StartOptions, make_spec
+from gpulaunch.plan.topology import CpuBind, CpuTopology, parse_cpu_list
 from tests.fake_machine import four_gpu_machine
 
 UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}" for i in range(4)]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpulaunch import cli
-from gpulaunch.codec import parse_unit
-from gpulaunch.units import SYSTEM_DIR, builtin_dir
+from gpulaunch.units.codec import parse_unit
+from gpulaunch.units.templates import SYSTEM_DIR, builtin_dir
 from tests.fake_machine import four_gpu_machine
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "render-4-ranks.txt"

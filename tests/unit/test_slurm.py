@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gpulaunch.errors import UsageError
-from gpulaunch.slurm import (
+from gpulaunch.multinode.slurm import (
     SlurmStep,
     first_host,
     slurm_job_name,

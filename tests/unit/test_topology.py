@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.errors import GpulaunchError, UsageError
-from gpulaunch.topology import (
+from gpulaunch.plan.topology import (
     CpuBind,
     CpuTopology,
     format_cpu_list,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.codec import INFINITY, Property
 from gpulaunch.errors import TemplateError, UnitFileError
-from gpulaunch.units import (
+from gpulaunch.units.codec import INFINITY, Property
+from gpulaunch.units.templates import (
     TEMPLATE_NAMES,
     Templates,
     UnitDefinition,
@@ -29,7 +29,7 @@ from gpulaunch.units import (
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1"
-REPO_UNITS = Path(__file__).parents[2] / "units"
+REPO_UNITS = Path(__file__).parents[2] / "gpulaunch" / "units" / "templates"
 
 JOB = "demo"
 COMMON: dict[str, object] = {

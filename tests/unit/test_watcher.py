@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.codec import Property
 from gpulaunch.errors import JobExistsError, SystemdError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
-from gpulaunch.names import UnitNames
-from gpulaunch.plan import JobUnits
-from gpulaunch.systemd import JobDone
-from gpulaunch.units import UnitDefinition
-from gpulaunch.watcher import Watcher
+from gpulaunch.plan.spec import JobUnits
+from gpulaunch.supervisor.systemd_api import JobDone
+from gpulaunch.units.codec import Property
+from gpulaunch.units.names import UnitNames
+from gpulaunch.units.templates import UnitDefinition
+from gpulaunch.watcher.loop import Watcher
 
 
 class FakeSystemd:

@@ -9,7 +9,7 @@ Two sources, tried in order, and only when a job asks for GPUs:
    cannot start. Indices are then the PCI bus order, which is the order NVML and
    nvidia-smi use and CUDA's with `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
 
-A GPU's NUMA node comes from sysfs (`gpulaunch.topology.pci_numa_node`). Its device
+A GPU's NUMA node comes from sysfs (`gpulaunch.plan.topology.pci_numa_node`). Its device
 node is `/dev/nvidia<minor>`, character device 195:<minor> (the NVIDIA driver's fixed
 major; `nvidiactl` is 195:255, `nvidia-modeset` 195:254).
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpulaunch.errors import UsageError
-from gpulaunch.topology import SYSFS, normalize_pci_address, pci_numa_node
+from gpulaunch.plan.topology import SYSFS, normalize_pci_address, pci_numa_node
 
 NVIDIA_MAJOR = 195  # the NVIDIA driver's character major (Documentation/admin-guide/devices.txt)
 NVIDIACTL_MINOR = 255

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from gpulaunch.bus import ACCESS_DENIED, DBUS, DBUS_PATH, PROPERTIES, connect
 from gpulaunch.errors import AccessDeniedError, GpulaunchError
-from gpulaunch.jobview import (
+from gpulaunch.jobapi.publisher import ACCESS_DENIED, DBUS, DBUS_PATH, PROPERTIES, connect
+from gpulaunch.jobapi.view import (
     INTERFACE,
     NAME_PREFIX,
     PATH_PREFIX,

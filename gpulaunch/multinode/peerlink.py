@@ -1,4 +1,4 @@
-"""The watcher's end of the peer process (gpulaunch/peer.py).
+"""The watcher's end of the peer process (gpulaunch/multinode/peer.py).
 
 Messages are JSON lines on a socketpair; the peer's exit shows on its pidfd.
 Nothing here blocks except `join`, which runs before the job's units exist.
@@ -14,10 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulaunch.errors import GpulaunchError, NodeLinkError
-from gpulaunch.interrupts import pending
 from gpulaunch.model import signal_name
-from gpulaunch.nodes import Command, Event, Layout, NodeConfig, NodeFailure, decode, encode
-from gpulaunch.procs import HeldChild, WaitStatus, kill_held, reap, spawn_held
+from gpulaunch.multinode.protocol import (
+    Command,
+    Event,
+    Layout,
+    NodeConfig,
+    NodeFailure,
+    decode,
+    encode,
+)
+from gpulaunch.watcher.interrupts import pending
+from gpulaunch.watcher.procs import HeldChild, WaitStatus, kill_held, reap, spawn_held
 
 
 class Interrupted(GpulaunchError):
@@ -42,7 +50,13 @@ class PeerLink:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
         try:
-            argv = (sys.executable, "-m", "gpulaunch.peer", config.to_json(), str(os.getpid()))
+            argv = (
+                sys.executable,
+                "-m",
+                "gpulaunch.multinode.peer",
+                config.to_json(),
+                str(os.getpid()),
+            )
             child = spawn_held(argv, env, {3: theirs.fileno()})
         finally:
             theirs.close()

@@ -1,9 +1,9 @@
 """Where each local rank runs: its GPU, its CPUs, the devices its scope may open.
 
 From `--gpus`, `--gpu-isolation`, `--cpus-per-rank` and `--cpu-bind` plus what the
-machine has (`gpulaunch.gpus`, `gpulaunch.topology`) to one `Placement` per local
-rank. `gpulaunch.plan` puts the results into the rank's environment and the
-`gpu`, `cpus` and `device_allow` variables of `units/rank.scope`.
+machine has (`gpulaunch.plan.gpus`, `gpulaunch.plan.topology`) to one `Placement` per local
+rank. `gpulaunch.plan.spec` puts the results into the rank's environment and the
+`gpu`, `cpus` and `device_allow` variables of `gpulaunch/units/templates/rank.scope`.
 
 GPU isolation (systemd.resource-control(5), DevicePolicy=/DeviceAllow=): each rank
 sees only its GPU (CUDA_VISIBLE_DEVICES), and its scope may open only that GPU's
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulaunch.errors import UsageError
-from gpulaunch.gpus import (
+from gpulaunch.plan.gpus import (
     NVIDIA_MAJOR,
     NVIDIA_MODESET_MINOR,
     NVIDIACTL_MINOR,
@@ -31,8 +31,8 @@ from gpulaunch.gpus import (
     MachineInventory,
     visible_pool,
 )
-from gpulaunch.topology import CpuBind, CpuTopology, plan_cpus, read_topology
-from gpulaunch.unitvalues import InvalidValue, parse_permyriad, parse_size
+from gpulaunch.plan.topology import CpuBind, CpuTopology, plan_cpus, read_topology
+from gpulaunch.units.values import InvalidValue, parse_permyriad, parse_size
 
 # Every isolated rank may open these besides its own GPU (notes/systemd-facts.md).
 SHARED_NVIDIA_DEVICES: tuple[tuple[str, str], ...] = (

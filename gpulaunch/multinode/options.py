@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from gpulaunch.errors import UsageError
-from gpulaunch.nodes import Backend, NodeConfig
-from gpulaunch.slurm import slurm_job_name, slurm_step
+from gpulaunch.multinode.protocol import Backend, NodeConfig
+from gpulaunch.multinode.slurm import slurm_job_name, slurm_step
 
 STATIC_PORT = 29500  # torchrun's --master-port default
 C10D_PORT = 29400  # torch's default port of a c10d rendezvous endpoint

@@ -1,4 +1,4 @@
-"""The node's link to the other nodes of a multi-node job: `python -m gpulaunch.peer CONFIG PID`.
+"""The node's link to the other nodes: `python -m gpulaunch.multinode.peer CONFIG PID`.
 
 A process of its own, in the watcher's scope, so that the watcher never
 imports torch and so that the watcher's death is news it can still tell: it
@@ -35,8 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpulaunch.interrupts import INTERRUPTS
-from gpulaunch.nodes import (
+from gpulaunch.multinode.protocol import (
     NODE_LOST_STATUS,
     Backend,
     Command,
@@ -48,6 +47,7 @@ from gpulaunch.nodes import (
     decode,
     encode,
 )
+from gpulaunch.watcher.interrupts import INTERRUPTS
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)

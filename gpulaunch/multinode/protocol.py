@@ -1,7 +1,7 @@
 """A node's place in a multi-node job, and what the nodes tell each other.
 
-Pure data: the peer process (gpulaunch/peer.py) fills it in through torch's
-rendezvous and store; the watcher (gpulaunch/peerlink.py) reads it. Both ends
+Pure data: the peer process (gpulaunch/multinode/peer.py) fills it in through torch's
+rendezvous and store; the watcher (gpulaunch/multinode/peerlink.py) reads it. Both ends
 exchange these as JSON lines.
 """
 

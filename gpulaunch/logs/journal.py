@@ -20,8 +20,8 @@ from typing import Any
 
 from gpulaunch.errors import UnknownJobError
 from gpulaunch.model import LogDrop, Manager
-from gpulaunch.names import UnitNames
 from gpulaunch.options import add_manager_options, manager_of
+from gpulaunch.units.names import UnitNames
 
 DEFAULT_BURST = 10000  # journald.conf(5), systemd 252
 CONF_DIRS = ("/usr/lib/systemd", "/usr/local/lib/systemd", "/run/systemd", "/etc/systemd")

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpulaunch.model import Cause, JobReport, Manager, RankExit, RankResult, RankState
-from gpulaunch.nodes import Layout, NodeFailure, NodeInfo
+from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 
 if TYPE_CHECKING:
-    from gpulaunch.watcher import Rank, Watcher
+    from gpulaunch.watcher.loop import Rank, Watcher
 
 INTERFACE = "io.gpulaunch.Job1"
 NAME_PREFIX = "io.gpulaunch.job"
@@ -306,7 +306,7 @@ class JobView:
     @classmethod
     def of_watcher(cls, watcher: Watcher, report: JobReport | None = None) -> JobView:
         """The live view; with `report`, the final one."""
-        from gpulaunch.watcher import Phase  # not at the top: clients need no pystemd
+        from gpulaunch.watcher.loop import Phase  # not at the top: clients need no pystemd
 
         spec = watcher.spec
         if report is not None:

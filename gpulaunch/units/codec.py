@@ -16,7 +16,7 @@ Slice=, DeviceAllow= paths) `%%` stands for `%`; other specifiers are refused,
 because a transient unit sent over D-Bus gets no specifier expansion.
 
 The value grammars (sizes, time spans, percentages, signals, CPU sets, device
-specifications, ...) are in `gpulaunch.unitvalues`; this module holds the
+specifications, ...) are in `gpulaunch.units.values`; this module holds the
 settings table (which setting, in which section, as which D-Bus property) and
 the parser. Where systemd's grammar is looser than needed, a plain subset is
 accepted and the rest refused with a message; everything accepted maps to
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpulaunch.errors import UnitFileError
-from gpulaunch.unitvalues import (
+from gpulaunch.units.values import (
     BOOLEAN_ACCEPTED,
     CPUSET_ACCEPTED,
     INFINITY,

@@ -28,7 +28,6 @@ from pystemd.dbusexc import (
 )
 from pystemd.dbuslib import DBus, apply_signature
 
-from gpulaunch.codec import Property
 from gpulaunch.errors import (
     AccessDeniedError,
     JobExistsError,
@@ -37,6 +36,7 @@ from gpulaunch.errors import (
     TemplateError,
 )
 from gpulaunch.model import Manager
+from gpulaunch.units.codec import Property
 
 _DEST = b"org.freedesktop.systemd1"
 _PATH = b"/org/freedesktop/systemd1"

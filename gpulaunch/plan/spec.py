@@ -18,15 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulaunch.environment import RankPlace, rank_environment
 from gpulaunch.errors import UsageError
-from gpulaunch.gpus import visible_pool
 from gpulaunch.model import JobSpec, Manager, RankSpec
-from gpulaunch.names import UnitNames, validate_job_id
-from gpulaunch.nodeplan import NodeOptions, plan_nodes
-from gpulaunch.nodes import Layout
-from gpulaunch.placement import Machine, Resources, check_memory_max, place_ranks
-from gpulaunch.units import Templates, UnitDefinition
+from gpulaunch.multinode.options import NodeOptions, plan_nodes
+from gpulaunch.multinode.protocol import Layout
+from gpulaunch.plan.environment import RankPlace, rank_environment
+from gpulaunch.plan.gpus import visible_pool
+from gpulaunch.plan.placement import Machine, Resources, check_memory_max, place_ranks
+from gpulaunch.units.names import UnitNames, validate_job_id
+from gpulaunch.units.templates import Templates, UnitDefinition
 
 
 class Launch(enum.StrEnum):
@@ -66,7 +66,7 @@ class StartOptions:
     manager: Manager
     memory_max: str | None = None
     units_dirs: tuple[Path, ...] = ()
-    # --gpus, --gpu-isolation, --cpus-per-rank, --cpu-bind (gpulaunch/placement.py)
+    # --gpus, --gpu-isolation, --cpus-per-rank, --cpu-bind (gpulaunch/plan/placement.py)
     resources: Resources = Resources()
     machine_root: Path | None = None  # test stand-in: a fake /proc and /sys (--machine-root)
     launch: Launch = Launch.SCRIPT

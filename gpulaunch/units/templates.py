@@ -3,7 +3,7 @@
 The slice and scope units of a job are jinja2 templates in unit-file syntax
 (DESIGN.md, "Templates are the source of truth for units"). `Templates` finds
 them, renders one per unit with a strict environment and turns the text into
-typed D-Bus properties with `gpulaunch.codec`. `gpulaunch render` prints the
+typed D-Bus properties with `gpulaunch.units.codec`. `gpulaunch render` prints the
 rendered text.
 
 Search order, first match per template file wins (each file is looked up on its
@@ -30,7 +30,7 @@ Template context. Every template gets:
 `rank.scope` also gets `rank`, `local_rank` (int), `gpu` (the rank's GPU as
 nvidia-smi numbers it, or None), `cpus` (str like "0-3,8" or None: AllowedCPUs=),
 `device_allow` (list of (path, rights) pairs such as ("/dev/char/195:0", "rw");
-empty when there is no GPU isolation). gpulaunch/placement.py decides them.
+empty when there is no GPU isolation). gpulaunch/plan/placement.py decides them.
 
 None means "not set": guard such values with `{% if x is not none %}`. Printing
 None, or a value that contains a line break, is an error.
@@ -46,7 +46,7 @@ Filters:
 
 Errors: a template syntax error, an undefined variable or a failing expression
 raises `TemplateError` naming the template file and line; a bad setting in the
-rendered text raises `UnitFileError` (see `gpulaunch.codec`) naming the template
+rendered text raises `UnitFileError` (see `gpulaunch.units.codec`) naming the template
 line that writes the setting (the hint gives the line in the rendered text).
 """
 
@@ -61,9 +61,8 @@ from pathlib import Path
 
 import jinja2
 
-import gpulaunch
-from gpulaunch.codec import Property, parse_unit
 from gpulaunch.errors import TemplateError, UnitFileError
+from gpulaunch.units.codec import Property, parse_unit
 
 TEMPLATE_NAMES = ("job.slice", "ranks.slice", "watcher.scope", "rank.scope")
 SYSTEM_DIR = Path("/etc/gpulaunch/units")
@@ -71,7 +70,7 @@ SYSTEM_DIR = Path("/etc/gpulaunch/units")
 _CONTEXT_HINT = (
     "variables: job, job_slice, ranks_slice, watcher_scope, world_size, nproc, grace_sec, argv, "
     "memory_max, job_memory_max, description, unit; rank.scope also rank, local_rank, gpu, "
-    "cpus, device_allow (see gpulaunch/units.py)"
+    "cpus, device_allow (see gpulaunch/units/templates.py)"
 )
 
 
@@ -86,10 +85,8 @@ class UnitDefinition:
 
 
 def builtin_dir() -> Path:
-    """The templates shipped with gpulaunch: package data in a wheel, else the repo's units/."""
-    package = Path(gpulaunch.__file__).parent
-    packaged = package / "units"
-    return packaged if packaged.is_dir() else package.parent / "units"
+    """The templates shipped with gpulaunch: `gpulaunch/units/templates/`, package data."""
+    return Path(__file__).parent / "templates"
 
 
 def user_dir(environ: Mapping[str, str]) -> Path:

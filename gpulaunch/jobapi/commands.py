@@ -16,23 +16,23 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpulaunch import record
 from gpulaunch.errors import JobLostError, NoSystemdError, UnknownJobError
-from gpulaunch.jobview import JobView, bus_title
+from gpulaunch.jobapi import record
+from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
-from gpulaunch.names import UnitNames
 from gpulaunch.options import add_manager_options, manager_of
 from gpulaunch.report import format_report, nodes_line
+from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
-    from gpulaunch.jobclient import JobClient, Outcome
+    from gpulaunch.jobapi.client import JobClient, Outcome
 
 T = TypeVar("T")
 RECENT = 20  # records `list --all` shows by default
 
 
 def _with_client(manager: Manager, work: Callable[[JobClient], Awaitable[T]]) -> T:
-    from gpulaunch.jobclient import run  # dbus-fast: only when needed
+    from gpulaunch.jobapi.client import run  # dbus-fast: only when needed
 
     return run(manager, work)
 

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gpulaunch.environment import attempt_environment
-from gpulaunch.errorfile import ErrorFiles, runtime_base
 from gpulaunch.errors import GpulaunchError, JobExistsError, SystemdError
-from gpulaunch.interrupts import pending
+from gpulaunch.logs.output import Output, OutputOptions, Stream
+from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.model import (
     Cause,
     JobReport,
@@ -41,15 +40,16 @@ from gpulaunch.model import (
     check_transition,
     job_outcome,
 )
-from gpulaunch.nodes import NodeFailure
-from gpulaunch.othernodes import OtherNodes
-from gpulaunch.output import Output, OutputOptions, Stream
-from gpulaunch.peerlink import PeerLink
-from gpulaunch.plan import JobUnits
-from gpulaunch.procs import HeldChild, fork_held, kill_held, reap, spawn_held
-from gpulaunch.pump import IGNORED_SIGNALS, JournalTarget, run_pump
-from gpulaunch.systemd import SystemdAPI
-from gpulaunch.units import UnitDefinition
+from gpulaunch.multinode.othernodes import OtherNodes
+from gpulaunch.multinode.peerlink import PeerLink
+from gpulaunch.multinode.protocol import NodeFailure
+from gpulaunch.plan.environment import attempt_environment
+from gpulaunch.plan.spec import JobUnits
+from gpulaunch.supervisor.systemd_api import SystemdAPI
+from gpulaunch.units.templates import UnitDefinition
+from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
+from gpulaunch.watcher.interrupts import pending
+from gpulaunch.watcher.procs import HeldChild, fork_held, kill_held, reap, spawn_held
 
 
 class Phase(enum.StrEnum):

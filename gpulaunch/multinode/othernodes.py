@@ -1,7 +1,7 @@
 """What a node's watcher knows of the other nodes of its job, through its peer.
 
 The watcher offers this node's first failure, learns the job's first failure
-(whichever node had it: the store decides, gpulaunch/peer.py), and at its end
+(whichever node had it: the store decides, gpulaunch/multinode/peer.py), and at its end
 passes the exit barrier. Everything runs on the watcher's loop: `attach` hands
 it the peer's socket and pidfd.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpulaunch.model import signal_name
-from gpulaunch.nodes import NODE_LOST_STATUS, Event, Layout, NodeFailure
-from gpulaunch.peerlink import PeerLink
+from gpulaunch.multinode.peerlink import PeerLink
+from gpulaunch.multinode.protocol import NODE_LOST_STATUS, Event, Layout, NodeFailure
 
 ERROR_LINES_SHARED = 40  # of a failed rank's traceback, told to the other nodes
 

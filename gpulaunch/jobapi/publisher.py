@@ -42,7 +42,7 @@ from gpulaunch.errors import (
     JobExistsError,
     NoSystemdError,
 )
-from gpulaunch.jobview import (
+from gpulaunch.jobapi.view import (
     INTERFACE,
     RANK_SIGNATURE,
     JobView,
@@ -54,7 +54,7 @@ from gpulaunch.jobview import (
 from gpulaunch.model import JobReport, Manager
 
 if TYPE_CHECKING:
-    from gpulaunch.watcher import Rank, Watcher
+    from gpulaunch.watcher.loop import Rank, Watcher
 
 DBUS = "org.freedesktop.DBus"
 DBUS_PATH = "/org/freedesktop/DBus"
@@ -103,7 +103,7 @@ _STANDARD_INTERFACES = """\
 
 def packaging_dir() -> Path:
     """`packaging/dbus` inside the installed package (a wheel), else in the repository."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # gpulaunch/
     packaged = package / "packaging" / "dbus"
     return packaged if packaged.is_dir() else package.parent / "packaging" / "dbus"
 

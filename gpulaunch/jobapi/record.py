@@ -35,14 +35,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpulaunch.errors import GpulaunchError
-from gpulaunch.jobview import JobState, JobView, RankView, node_from_wire, node_wire, ranks_json
+from gpulaunch.jobapi.view import JobState, JobView, RankView, node_from_wire, node_wire, ranks_json
 from gpulaunch.model import JobReport, Manager
 from gpulaunch.report import headline
 
 if TYPE_CHECKING:
     import asyncio
 
-    from gpulaunch.watcher import Rank, Watcher
+    from gpulaunch.watcher.loop import Rank, Watcher
 
 MESSAGE_ID = "74b8d59289c14f16ad639b2abe1d2863"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"

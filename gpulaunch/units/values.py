@@ -4,7 +4,7 @@ Sizes, time spans, percentages, signals, CPU sets, booleans, whitespace-separate
 words with quoting, `%` specifiers, unit names, documentation URLs and device
 specifications (`DeviceAllow=`). Each parser takes the text of one value and
 returns a plain Python value, or raises `InvalidValue` saying what is wrong.
-`gpulaunch.codec` maps settings to these grammars and builds D-Bus properties.
+`gpulaunch.units.codec` maps settings to these grammars and builds D-Bus properties.
 
 Where systemd's grammar is looser than needed, these accept a plain subset and
 refuse the rest with a message: integers are decimal without leading zeros

@@ -1,0 +1,1 @@
+"""Who contains and stops the ranks: the supervisor seam (docs/architecture.md)."""

@@ -1,0 +1,10 @@
+"""The watcher: the process that runs one job, and what happens to its ranks.
+
+- `loop`: the single-threaded event loop (start gate, exits, gang stop, report);
+- `procs`: forking a rank held at its gate, pidfds, reaping;
+- `errorfile`: the ranks' torchelastic error files;
+- `interrupts`: SIGINT/SIGTERM/SIGHUP as events on a wakeup fd;
+- `detach`: `gpulaunch start --detach`.
+
+How the ranks are contained is not decided here: see `gpulaunch.supervisor`.
+"""
