@@ -23,37 +23,18 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Sequence
-from contextlib import ExitStack
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpulaunch.errors import GpulaunchError, UsageError
-from gpulaunch.jobapi import commands as jobctl
-from gpulaunch.logs.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
-from gpulaunch.logs.journal import sync as journal_sync
-from gpulaunch.logs.output import Output, OutputOptions, parse_ranks
-from gpulaunch.model import JobSpec, Manager
+from gpulaunch.logs.output import OutputOptions, parse_ranks
+from gpulaunch.model import Manager
 from gpulaunch.multinode.options import NodeOptions
-from gpulaunch.multinode.protocol import Layout
-from gpulaunch.options import add_manager_options, manager_of
-from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.placement import Resources
-from gpulaunch.plan.spec import (
-    JobUnits,
-    Launch,
-    StartOptions,
-    default_environment,
-    make_spec,
-    render_units,
-)
+from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
-from gpulaunch.report import format_report
-from gpulaunch.units.templates import Templates
-from gpulaunch.watcher.detach import Detached
-from gpulaunch.watcher.interrupts import install_wakeup
 
 INTERNAL_ERROR = 70
 
@@ -198,6 +179,32 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_manager_options(p: argparse.ArgumentParser, what: str = "jobs") -> None:
+    """`--system` / `--user`: which systemd manager (and bus) the command is about."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--system",
+        dest="manager",
+        action="store_const",
+        const=Manager.SYSTEM,
+        help=f"{what} of the system manager (system bus; default as root)",
+    )
+    group.add_argument(
+        "--user",
+        dest="manager",
+        action="store_const",
+        const=Manager.USER,
+        help=f"{what} of your user manager (session bus; default for other users)",
+    )
+
+
+def default_manager(asked: Manager | None) -> Manager:
+    """The manager asked for, else root's system manager or a user's own."""
+    if asked is not None:
+        return Manager(asked)
+    return Manager.SYSTEM if os.geteuid() == 0 else Manager.USER
+
+
 def _add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nproc",
@@ -234,6 +241,12 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         help="time between SIGTERM and SIGKILL when ranks are stopped (default: 10)",
     )
     p.add_argument("--memory-max", metavar="BYTES", help="memory limit of each rank (MemoryMax=)")
+    p.add_argument(
+        "--job-memory-max",
+        metavar="BYTES",
+        help="memory limit of the whole job, all ranks and the watcher together (MemoryMax= of "
+        "the job slice)",
+    )
     _add_placement_options(p)
     p.add_argument(
         "--units-dir",
@@ -243,7 +256,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="look for unit templates here first (repeatable)",
     )
-    add_manager_options(p, "the job's units")
+    _add_manager_options(p, "the job's units")
     p.add_argument("script", help="the training script (run with this Python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -310,7 +323,71 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_job_commands(sub: Any) -> None:
+    """list, status, stop, wait (gpulaunch/jobapi/commands.py) and logs (logs/journal.py)."""
+    from gpulaunch.jobapi.commands import RECENT
+
+    p = sub.add_parser("list", help="list running jobs (--all: and recently finished ones)")
+    p.add_argument(
+        "--all", "-a", action="store_true", help="also show jobs that ended (from the journal)"
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=RECENT,
+        metavar="N",
+        help=f"with --all: how many ended jobs at most (default: {RECENT})",
+    )
+    _add_manager_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    p.set_defaults(func=_command("jobapi.commands", "cmd_list"))
+
+    p = sub.add_parser("status", help="a job's ranks and states, or its final report")
+    p.add_argument("job", metavar="JOB")
+    _add_manager_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    p.set_defaults(func=_command("jobapi.commands", "cmd_status"))
+
+    p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument(
+        "--no-block", action="store_true", help="return once the stop was accepted, do not wait"
+    )
+    _add_manager_options(p)
+    p.set_defaults(func=_command("jobapi.commands", "cmd_stop"))
+
+    p = sub.add_parser("wait", help="wait until a job ends; exit with its status")
+    p.add_argument("job", metavar="JOB")
+    _add_manager_options(p)
+    p.set_defaults(func=_command("jobapi.commands", "cmd_wait"))
+
+    p = sub.add_parser("logs", help="show a job's rank output from the journal")
+    p.add_argument("job", help="the job id")
+    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
+    p.add_argument("-f", "--follow", action="store_true", help="keep showing new lines")
+    p.add_argument("--since", metavar="TIME", help="only lines since TIME (journalctl --since)")
+    p.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
+    _add_manager_options(p, "logs")
+    p.set_defaults(func=_command("logs.journal", "cmd_logs"))
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _command(module: str, name: str) -> Command:
+    """A subcommand's function, imported only when it runs (each loads what it needs)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        func: Command = getattr(importlib.import_module(f"gpulaunch.{module}"), name)
+        return func(args)
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand of `gpulaunch`, defined here and nowhere else."""
     parser = _Parser(
         prog="gpulaunch", description="Distributed PyTorch ranks supervised by systemd."
     )
@@ -328,13 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_start_options(render)
     _add_torchrun_options(render)
     render.set_defaults(func=cmd_render)
-    add_logs_parser(sub)
-    jobctl.add_parsers(sub)
+    _add_job_commands(sub)
     return parser
 
 
 def start_options(args: argparse.Namespace) -> StartOptions:
-    manager = manager_of(args)
     return StartOptions(
         script=args.script,
         args=tuple(args.args),
@@ -343,8 +418,9 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         master_addr=args.master_addr,
         master_port=args.master_port,
         grace_sec=args.grace,
-        manager=manager,
+        manager=default_manager(args.manager),
         memory_max=args.memory_max,
+        job_memory_max=args.job_memory_max,
         units_dirs=tuple(args.units_dir),
         resources=Resources(
             gpus=args.gpus,
@@ -367,119 +443,17 @@ def start_options(args: argparse.Namespace) -> StartOptions:
     )
 
 
-def _plan(args: argparse.Namespace, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
-    opts = start_options(args)
-    spec = make_spec(opts, default_environment(), os.getcwd(), layout=layout)
-    return spec, render_units(spec, Templates(opts.units_dirs))
-
-
 def cmd_render(args: argparse.Namespace) -> int:
-    _, units = _plan(args)
-    for unit in units.all():
-        print(f"# {unit.name} (from {unit.template})")
-        print(unit.text.rstrip("\n"))
-        print()
-    return 0
+    from gpulaunch.start import render
+
+    return render(start_options(args))
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from gpulaunch.jobapi.publisher import JobPublisher
-    from gpulaunch.jobapi.record import Recorder
-    from gpulaunch.logs.pump import journal_reachable
-    from gpulaunch.multinode.peerlink import PeerLink
-    from gpulaunch.supervisor.systemd_api import Systemd  # pystemd is only needed to run jobs
-    from gpulaunch.watcher.loop import Watcher
+    from gpulaunch.start import start
 
-    spec, units = _plan(args)
-    detached = Detached.fork() if args.detach else None
-    if detached is not None and detached.is_parent:
-        return detached.wait_started(spec.job)  # the child runs the watcher
-    output = Output(
-        # detached: nobody watches the terminal; the journal and --log-dir still get everything
-        OutputOptions(ranks=args.ranks, quiet=args.quiet or args.detach, log_dir=args.log_dir),
-        spec.world_size,
-    )
-    journal_problem = journal_reachable()
-    if journal_problem:
-        output.message(
-            f"gpulaunch: warning: journald is not reachable ({journal_problem}); "
-            "rank output goes to the terminal and --log-dir only"
-        )
-    if omp_default_applies(os.environ, spec.nproc):
-        output.message(
-            "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's default) "
-            "so that the ranks do not overload the CPUs; set it yourself to tune it"
-        )
-    if spec.manager is Manager.USER and any(rank.device_allow for rank in spec.ranks):
-        output.message(
-            "gpulaunch: warning: a user manager does not enforce --gpu-isolation's device "
-            "rules: each rank sees only its GPU, but could still open the others; run as root "
-            "for enforced isolation"
-        )
-    wakeup = install_wakeup()
-    with ExitStack() as stack:
-        peer = None
-        if spec.node_config is not None:
-            peer = PeerLink.spawn(spec.node_config)
-            stack.callback(peer.close)
-            cfg = spec.node_config
-            output.message(
-                f"gpulaunch: job {spec.job}: waiting for {cfg.nnodes} nodes at {cfg.endpoint} "
-                f"({cfg.backend} rendezvous)"
-            )
-            spec, units = _plan(args, layout=peer.join(wakeup))
-            assert spec.layout is not None
-            output.place_node(spec.layout.first_rank, spec.world_size)
-
-        def announce() -> None:
-            where = f"{spec.nproc} ranks in {spec.names.job_slice}"
-            if spec.layout is not None:
-                first = spec.layout.first_rank
-                where = (
-                    f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"
-                    f"{first + spec.nproc - 1} of {spec.world_size} in {spec.names.job_slice}"
-                )
-            output.message(f"gpulaunch: job {spec.job}: {where}")
-            if detached is not None:
-                detached.started()
-
-        sd = stack.enter_context(Systemd(spec.manager))
-        watcher = Watcher(
-            spec,
-            units,
-            sd,
-            wakeup,
-            on_created=announce,
-            observers=(Recorder(), JobPublisher()),  # the record first: Finished says it exists
-            output=output,
-            journal=journal_problem is None,
-            peer=peer,
-        )
-        report = watcher.run()
-    if journal_problem is None:
-        report = replace(report, log_drops=journal_drops(spec, output))
-    print(format_report(report), file=sys.stderr, flush=True)
-    return report.status
-
-
-def journal_drops(spec: JobSpec, output: Output) -> tuple[LogDrop, ...]:
-    """Ranks of which journald kept fewer lines than they wrote (its rate limit)."""
-    burst = rate_limit_burst()
-    if burst is None:
-        return ()
-    drops = []
-    synced = False
-    for rank in spec.ranks:
-        written = output.lines(rank.rank)
-        if written <= burst:
-            continue  # the limit cannot have been reached
-        if not synced:
-            journal_sync(spec.manager)
-            synced = True
-        stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}")
-        if stored < written:
-            drops.append(LogDrop(rank=rank.rank, written=written, stored=stored))
-    return tuple(drops)
+    view = OutputOptions(ranks=args.ranks, quiet=args.quiet, log_dir=args.log_dir)
+    return start(start_options(args), view, detach=args.detach)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -487,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
+        if "manager" in args:  # --system/--user, or the default for who runs it
+            args.manager = default_manager(args.manager)
         code = int(args.func(args))
     except GpulaunchError as exc:
         if debug:

@@ -51,7 +51,8 @@ class JobSpec:
     master_port: int
     grace_sec: float
     ranks: tuple[RankSpec, ...]
-    memory_max: str | None = None
+    memory_max: str | None = None  # per rank (MemoryMax= of each rank scope)
+    job_memory_max: str | None = None  # all ranks and the watcher (MemoryMax= of the job slice)
     max_restarts: int = 0
     command: tuple[str, ...] = ()  # what the user asked to run, as given (for descriptions)
     node_config: NodeConfig | None = None  # multi-node: how this node joins the others
@@ -139,6 +140,44 @@ class RankExit:
         if self.signal is not None:
             return signal_name(self.signal) + (" (core dumped)" if self.core_dumped else "")
         return f"exit {self.code}"
+
+
+class Phase(enum.StrEnum):
+    """The job's life as its watcher runs it: starting -> running -> stopping -> done."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank as its watcher sees it at one instant (immutable: observers keep it)."""
+
+    rank: int
+    local_rank: int
+    unit: str
+    state: RankState
+    pid: int | None  # None until it was forked
+    stop_requested: bool  # the watcher asked for it to be stopped
+    exit: RankExit | None
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """The job as its watcher sees it at one instant: what observers are handed.
+
+    The bus publisher, the record and the terminal read the job through this,
+    never through the watcher itself (docs/architecture.md, "Observers").
+    """
+
+    spec: JobSpec
+    phase: Phase
+    ranks: tuple[RankProgress, ...]
+    attempt: int  # restarts of the whole gang so far
+    watcher_pid: int
+    node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,12 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gpulaunch.errors import JobLostError, NoSystemdError, UnknownJobError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
-from gpulaunch.options import add_manager_options, manager_of
 from gpulaunch.report import format_report, nodes_line
 from gpulaunch.units.names import UnitNames
 
@@ -38,47 +37,6 @@ def _with_client(manager: Manager, work: Callable[[JobClient], Awaitable[T]]) ->
 
 
 # -- the commands --------------------------------------------------------------
-
-
-def add_parsers(sub: Any) -> None:
-    """Register list, status, stop and wait on the `gpulaunch` subparsers."""
-    p = sub.add_parser("list", help="list running jobs (--all: and recently finished ones)")
-    p.add_argument(
-        "--all", "-a", action="store_true", help="also show jobs that ended (from the journal)"
-    )
-    p.add_argument(
-        "--limit",
-        type=int,
-        default=RECENT,
-        metavar="N",
-        help=f"with --all: how many ended jobs at most (default: {RECENT})",
-    )
-    _common(p, json_option=True)
-    p.set_defaults(func=cmd_list)
-
-    p = sub.add_parser("status", help="a job's ranks and states, or its final report")
-    p.add_argument("job", metavar="JOB")
-    _common(p, json_option=True)
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
-    p.add_argument("job", metavar="JOB")
-    p.add_argument(
-        "--no-block", action="store_true", help="return once the stop was accepted, do not wait"
-    )
-    _common(p)
-    p.set_defaults(func=cmd_stop)
-
-    p = sub.add_parser("wait", help="wait until a job ends; exit with its status")
-    p.add_argument("job", metavar="JOB")
-    _common(p)
-    p.set_defaults(func=cmd_wait)
-
-
-def _common(p: argparse.ArgumentParser, json_option: bool = False) -> None:
-    add_manager_options(p)
-    if json_option:
-        p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
 
 
 def _unknown(job: str, manager: Manager) -> UnknownJobError:
@@ -105,7 +63,7 @@ def _ended_view(job: str, manager: Manager, outcome: Outcome) -> JobView:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    manager = manager_of(args)
+    manager: Manager = args.manager
     views = _with_client(manager, lambda c: c.running())
     if args.all:
         running = {v.job for v in views}
@@ -133,7 +91,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    manager = manager_of(args)
+    manager: Manager = args.manager
     unreachable: NoSystemdError | None = None
     try:
         view = _with_client(manager, lambda c: c.find(args.job))
@@ -153,7 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    manager = manager_of(args)
+    manager: Manager = args.manager
     job = args.job
     try:
         outcome = _with_client(manager, lambda c: c.stop_job(job, block=not args.no_block))
@@ -170,7 +128,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    manager = manager_of(args)
+    manager: Manager = args.manager
     try:
         outcome = _with_client(manager, lambda c: c.wait(args.job))
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dbus_fast import (
     BusType,
@@ -51,10 +51,7 @@ from gpulaunch.jobapi.view import (
     bus_title,
     object_path,
 )
-from gpulaunch.model import JobReport, Manager
-
-if TYPE_CHECKING:
-    from gpulaunch.watcher.loop import Rank, Watcher
+from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 
 DBUS = "org.freedesktop.DBus"
 DBUS_PATH = "/org/freedesktop/DBus"
@@ -159,7 +156,8 @@ class JobPublisher:
 
     def __init__(self, warn: Callable[[str], None] | None = None) -> None:
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
-        self._watcher: Watcher | None = None
+        self._job: JobProgress | None = None
+        self._stop_job: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bus: MessageBus | None = None
         self._report: JobReport | None = None
@@ -174,18 +172,22 @@ class JobPublisher:
 
     # -- Observer -----------------------------------------------------------
 
-    def attach(self, watcher: Watcher, loop: asyncio.AbstractEventLoop) -> None:
-        self._watcher = watcher
+    def attach(
+        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._job = job
+        self._stop_job = stop
         self._loop = loop
-        self.name = bus_name(watcher.spec.job)
-        self.path = object_path(watcher.spec.job)
+        self.name = bus_name(job.spec.job)
+        self.path = object_path(job.spec.job)
         self._xml = interface_xml().replace("</node>", _STANDARD_INTERFACES + "</node>")
         self._sent = {
-            name: value for name, (_, value) in JobView.of_watcher(watcher).properties().items()
+            name: value for name, (_, value) in JobView.of_progress(job).properties().items()
         }
-        self._bus = loop.run_until_complete(self._open(watcher.spec.job, watcher.spec.manager))
+        self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
 
-    def changed(self, rank: Rank | None) -> None:
+    def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
+        self._job = job
         if self._bus is None:
             return
         self._dirty.update(("Ranks",) if rank is not None else ("State", "Ranks"))
@@ -197,7 +199,8 @@ class JobPublisher:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
-    async def finished(self, report: JobReport) -> None:
+    async def finished(self, job: JobProgress, report: JobReport) -> None:
+        self._job = job
         if self._bus is None:
             return
         self._report = report
@@ -260,8 +263,8 @@ class JobPublisher:
     # -- publishing ---------------------------------------------------------
 
     def _view(self) -> JobView:
-        assert self._watcher is not None
-        return JobView.of_watcher(self._watcher, self._report)
+        assert self._job is not None
+        return JobView.of_progress(self._job, self._report)
 
     def _send(self, msg: Message) -> asyncio.Future[Any] | None:
         if self._bus is None or not self._bus.connected:
@@ -287,8 +290,8 @@ class JobPublisher:
             )
         )
 
-    def _signal_rank_exited(self, rank: Rank) -> None:
-        view = RankView.of_rank(rank)
+    def _signal_rank_exited(self, rank: RankProgress) -> None:
+        view = RankView.of_progress(rank)
         self._send(
             Message.new_signal(
                 self.path,
@@ -405,7 +408,7 @@ class JobPublisher:
 
     async def _try_stop(self, msg: Message) -> Message:
         """Stop(): only the job's owner or root; the caller's uid comes from the bus."""
-        assert self._bus is not None and self._watcher is not None
+        assert self._bus is not None and self._job is not None
         query = Message(
             destination=DBUS,
             path=DBUS_PATH,
@@ -423,10 +426,10 @@ class JobPublisher:
             return Message.new_error(
                 msg,
                 ACCESS_DENIED,
-                f"uid {reply.body[0]} is neither the owner of job {self._watcher.spec.job!r} "
+                f"uid {reply.body[0]} is neither the owner of job {self._job.spec.job!r} "
                 f"(uid {self.owner}) nor root",
             )
-        self._watcher.request_stop()
+        self._stop_job()
         return Message.new_method_return(msg)
 
 

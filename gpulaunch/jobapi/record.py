@@ -36,13 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.jobapi.view import JobState, JobView, RankView, node_from_wire, node_wire, ranks_json
-from gpulaunch.model import JobReport, Manager
+from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 from gpulaunch.report import headline
 
 if TYPE_CHECKING:
     import asyncio
 
-    from gpulaunch.watcher.loop import Rank, Watcher
 
 MESSAGE_ID = "74b8d59289c14f16ad639b2abe1d2863"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
@@ -131,17 +130,17 @@ class Recorder:
     ) -> None:
         self._send = send
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
-        self._watcher: Watcher | None = None
 
-    def attach(self, watcher: Watcher, loop: asyncio.AbstractEventLoop) -> None:
-        self._watcher = watcher
-
-    def changed(self, rank: Rank | None) -> None:
+    def attach(
+        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
+    ) -> None:
         pass
 
-    async def finished(self, report: JobReport) -> None:
-        assert self._watcher is not None
-        view = JobView.of_watcher(self._watcher, report)
+    def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
+        pass
+
+    async def finished(self, job: JobProgress, report: JobReport) -> None:
+        view = JobView.of_progress(job, report)
         message = headline(report).removeprefix("gpulaunch: ")
         try:
             self._send(encode(fields(view, message)))

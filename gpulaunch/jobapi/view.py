@@ -19,13 +19,20 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpulaunch.model import Cause, JobReport, Manager, RankExit, RankResult, RankState
+from gpulaunch.model import (
+    Cause,
+    JobProgress,
+    JobReport,
+    Manager,
+    Phase,
+    RankExit,
+    RankProgress,
+    RankResult,
+    RankState,
+)
 from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
-
-if TYPE_CHECKING:
-    from gpulaunch.watcher.loop import Rank, Watcher
 
 INTERFACE = "io.gpulaunch.Job1"
 NAME_PREFIX = "io.gpulaunch.job"
@@ -153,13 +160,13 @@ class RankView:
         return cls.from_wire([obj[f] for f in _RANK_FIELDS])
 
     @classmethod
-    def of_rank(cls, rank: Rank) -> RankView:
+    def of_progress(cls, rank: RankProgress) -> RankView:
         ex = rank.exit
         return cls(
-            rank=rank.spec.rank,
-            local_rank=rank.spec.local_rank,
-            unit=rank.spec.unit,
-            pid=rank.child.pid if rank.child is not None else 0,
+            rank=rank.rank,
+            local_rank=rank.local_rank,
+            unit=rank.unit,
+            pid=rank.pid or 0,
             state=rank.state.value,
             exit_code=-1 if ex is None or ex.code is None else ex.code,
             signal=0 if ex is None or ex.signal is None else ex.signal,
@@ -304,20 +311,18 @@ class JobView:
         )
 
     @classmethod
-    def of_watcher(cls, watcher: Watcher, report: JobReport | None = None) -> JobView:
-        """The live view; with `report`, the final one."""
-        from gpulaunch.watcher.loop import Phase  # not at the top: clients need no pystemd
-
-        spec = watcher.spec
+    def of_progress(cls, job: JobProgress, report: JobReport | None = None) -> JobView:
+        """The live view of a running job; with `report`, the final one."""
+        spec = job.spec
         if report is not None:
             state = JobState.of_report(report)
-        elif watcher.phase is Phase.DONE:
+        elif job.phase is Phase.DONE:
             state = JobState.STOPPING  # the report is on its way
         else:
-            state = JobState(watcher.phase.value)
+            state = JobState(job.phase.value)
         ranks = report.ranks if report is not None else ()
         cause = next((r for r in ranks if report and r.rank == report.cause_rank), None)
-        failure = watcher.node_failure
+        failure = job.node_failure
         error, source = (cause.error, cause.error_source) if cause else (None, None)
         if report is not None and report.cause is Cause.NODE_FAILED and failure is not None:
             error, source = failure.error, failure.error_source
@@ -326,15 +331,15 @@ class JobView:
             slice=spec.names.job_slice,
             manager=spec.manager.value,
             owner=os.getuid(),
-            watcher_pid=os.getpid(),
+            watcher_pid=job.watcher_pid,
             state=state,
             world_size=spec.world_size,
-            ranks=tuple(RankView.of_rank(r) for r in watcher.ranks),
+            ranks=tuple(RankView.of_progress(r) for r in job.ranks),
             status=-1 if report is None else report.status,
             cause="" if report is None else report.cause.value,
             cause_rank=-1 if report is None or report.cause_rank is None else report.cause_rank,
             error="" if report is None or report.error is None else report.error,
-            restarts=watcher.attempt,
+            restarts=job.attempt,
             cause_error=error or "",
             cause_error_source=source or "",
             node_rank=-1 if spec.layout is None else spec.layout.node_rank,

@@ -16,16 +16,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpulaunch.errors import UnknownJobError
 from gpulaunch.model import LogDrop, Manager
-from gpulaunch.options import add_manager_options, manager_of
 from gpulaunch.units.names import UnitNames
 
 DEFAULT_BURST = 10000  # journald.conf(5), systemd 252
 CONF_DIRS = ("/usr/lib/systemd", "/usr/local/lib/systemd", "/run/systemd", "/etc/systemd")
-__all__ = ["LogDrop", "add_logs_parser", "rate_limit_burst", "stored_lines", "sync"]
+__all__ = ["LogDrop", "cmd_logs", "rate_limit_burst", "stored_lines", "sync"]
 
 
 def _conf_files(root: Path) -> list[Path]:
@@ -149,20 +147,9 @@ def parse_entries(stream: Iterator[bytes]) -> Iterator[LogLine]:
         yield LogLine(rank=int(ident[4:]), stderr=entry.get("PRIORITY") == "3", message=data)
 
 
-def add_logs_parser(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("logs", help="show a job's rank output from the journal")
-    p.add_argument("job", help="the job id")
-    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
-    p.add_argument("-f", "--follow", action="store_true", help="keep showing new lines")
-    p.add_argument("--since", metavar="TIME", help="only lines since TIME (journalctl --since)")
-    p.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
-    add_manager_options(p, "logs")
-    p.set_defaults(func=cmd_logs)
-
-
 def cmd_logs(args: argparse.Namespace) -> int:
     """`gpulaunch logs`: journalctl for the job's rank units, with rank prefixes."""
-    manager = manager_of(args)
+    manager: Manager = args.manager
     argv = logs_command(manager, args.job, args.rank, args.follow, args.since, args.lines)
     if not args.follow:
         probe = [*argv[:3], argv[3], "-o", "cat", "--lines=1"]

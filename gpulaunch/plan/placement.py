@@ -95,7 +95,7 @@ class Machine:
         )
 
 
-def check_memory_max(text: str) -> None:
+def check_memory_max(text: str, option: str = "--memory-max") -> None:
     """`--memory-max`: bytes (K, M, G, T suffixes, base 1024), a percentage, or infinity.
 
     Checked here so that a bad value is an option error, not one in the rank template.
@@ -108,7 +108,7 @@ def check_memory_max(text: str) -> None:
             amount = parse_size(text)
     except InvalidValue as exc:
         raise UsageError(
-            f"--memory-max {text}: {exc.problem}",
+            f"{option} {text}: {exc.problem}",
             "use bytes with a K, M, G or T suffix (base 1024, e.g. 12G), a percentage of "
             "the machine's memory (e.g. 20%), or infinity",
         ) from None

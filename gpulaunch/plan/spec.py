@@ -26,7 +26,6 @@ from gpulaunch.plan.environment import RankPlace, rank_environment
 from gpulaunch.plan.gpus import visible_pool
 from gpulaunch.plan.placement import Machine, Resources, check_memory_max, place_ranks
 from gpulaunch.units.names import UnitNames, validate_job_id
-from gpulaunch.units.templates import Templates, UnitDefinition
 
 
 class Launch(enum.StrEnum):
@@ -65,6 +64,7 @@ class StartOptions:
     grace_sec: float
     manager: Manager
     memory_max: str | None = None
+    job_memory_max: str | None = None
     units_dirs: tuple[Path, ...] = ()
     # --gpus, --gpu-isolation, --cpus-per-rank, --cpu-bind (gpulaunch/plan/placement.py)
     resources: Resources = Resources()
@@ -135,6 +135,8 @@ def make_spec(
     names = UnitNames.for_job(job)
     if opts.memory_max is not None:
         check_memory_max(opts.memory_max)
+    if opts.job_memory_max is not None:
+        check_memory_max(opts.job_memory_max, "--job-memory-max")
     if machine is None:
         machine = Machine.fake(opts.machine_root) if opts.machine_root else Machine.this()
     nproc = resolve_nproc(opts.nproc, opts.resources, base_env, machine)
@@ -203,6 +205,7 @@ def make_spec(
         grace_sec=opts.grace_sec,
         ranks=ranks,
         memory_max=opts.memory_max,
+        job_memory_max=opts.job_memory_max,
         max_restarts=opts.max_restarts,
         command=(("-m",) if opts.launch is Launch.MODULE else ()) + (opts.script, *opts.args),
         node_config=node_config,
@@ -253,61 +256,6 @@ def resolve_nproc(
             "give a number of ranks, or `cpu`",
         )
     return gpus
-
-
-@dataclass(frozen=True)
-class JobUnits:
-    """The rendered definitions of every unit of one job."""
-
-    job_slice: UnitDefinition
-    ranks_slice: UnitDefinition
-    watcher: UnitDefinition
-    ranks: tuple[UnitDefinition, ...]
-
-    def all(self) -> Sequence[UnitDefinition]:
-        return (self.job_slice, self.watcher, self.ranks_slice, *self.ranks)
-
-
-def render_units(spec: JobSpec, templates: Templates) -> JobUnits:
-    """Render the four templates for this job (DESIGN.md: templates are the source of truth)."""
-    names = spec.names
-    common: dict[str, object] = {
-        "job": spec.job,
-        "job_slice": names.job_slice,
-        "ranks_slice": names.ranks_slice,
-        "watcher_scope": names.watcher_scope,
-        "world_size": spec.world_size,
-        "nproc": spec.nproc,
-        "grace_sec": spec.grace_sec,
-        "argv": list(spec.argv),
-        "memory_max": spec.memory_max,
-        "job_memory_max": None,
-        "description": " ".join(spec.command),
-    }
-    rank_units = tuple(
-        templates.render(
-            "rank.scope",
-            rank.unit,
-            {
-                **common,
-                "unit": rank.unit,
-                "rank": rank.rank,
-                "local_rank": rank.local_rank,
-                "gpu": rank.gpu,
-                "cpus": rank.cpus,
-                "device_allow": list(rank.device_allow),
-            },
-        )
-        for rank in spec.ranks
-    )
-    return JobUnits(
-        job_slice=templates.render("job.slice", names.job_slice, common),
-        ranks_slice=templates.render("ranks.slice", names.ranks_slice, common),
-        watcher=templates.render(
-            "watcher.scope", names.watcher_scope, {**common, "unit": names.watcher_scope}
-        ),
-        ranks=rank_units,
-    )
 
 
 def default_environment() -> dict[str, str]:

@@ -1,1 +1,68 @@
-"""Who contains and stops the ranks: the supervisor seam (docs/architecture.md)."""
+"""Who contains and stops the ranks: the supervisor seam (docs/architecture.md).
+
+The watcher's event loop (gpulaunch/watcher/loop.py) decides *when* ranks start
+and stop; a supervisor decides *how* they are contained. The watcher talks to
+one small interface, `Supervisor`, and never to systemd itself:
+
+- `create`: make the job's containment, with the watcher (and its peer) inside;
+- `place`: put a rank's processes, held at their start gate, into containment
+  of their own; the answer comes later, through `SupervisorEvents.placed`,
+  because containment may only be in place after the call returned (systemd
+  replies to StartTransientUnit before it moves the process);
+- `stop_gang`: stop every rank, gracefully (SIGTERM, SIGKILL after the grace);
+  `SupervisorEvents.gang_stopped` says when nothing of them is left;
+- `kill_gang`: SIGKILL every rank now (a second Ctrl-C);
+- `renew_gang`: containment for a new attempt after a gang stop (restarts).
+
+Implementations: `systemd` (scopes and slices, gpulaunch/supervisor/systemd.py).
+Another one is added next to it and chosen in gpulaunch/start.py; the
+watcher's loop does not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from gpulaunch.errors import GpulaunchError
+
+# The watcher's way to run a callback when a file descriptor is readable: errors
+# raised by the callback reach the watcher's loop, never asyncio's logger.
+Watch = Callable[[int, Callable[[], None]], None]
+
+
+class SupervisorEvents(Protocol):
+    """What a supervisor tells the watcher, from inside the watcher's loop."""
+
+    def placed(self, rank: int, error: GpulaunchError | None) -> None:
+        """Rank `rank` (its index in the spec) is contained, or could not be (`error`)."""
+
+    def gang_stopped(self) -> None:
+        """The ranks' containment is gone: every rank process has ended."""
+
+
+class Supervisor(Protocol):
+    """Contains a job's ranks and stops them as one."""
+
+    name: str  # how the start line and `gpulaunch doctor` call it
+
+    def attach(
+        self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
+    ) -> None:
+        """Called once by the watcher before anything else; may watch file descriptors."""
+
+    async def create(self, watcher_pids: Sequence[int]) -> None:
+        """The job's containment, with `watcher_pids` inside; undone if it fails halfway."""
+
+    def place(self, rank: int, pids: Sequence[int]) -> None:
+        """Contain rank `rank`'s held processes; `SupervisorEvents.placed` follows."""
+
+    def stop_gang(self) -> None:
+        """Stop every rank gracefully; `SupervisorEvents.gang_stopped` follows."""
+
+    def kill_gang(self) -> None:
+        """SIGKILL every process of every rank now."""
+
+    async def renew_gang(self) -> None:
+        """After a gang stop: containment for the ranks of a new attempt."""

@@ -12,27 +12,11 @@ own, so an override directory may hold just `rank.scope`):
 1. the `--units-dir` directories, in the order given;
 2. `/etc/gpulaunch/units/`;
 3. `$XDG_CONFIG_HOME/gpulaunch/units/` (default `~/.config/gpulaunch/units/`);
-4. the built-in templates: `units/` inside the installed package (the wheel puts
-   the repository's top-level `units/` there), else that top-level directory.
+4. the built-in templates: gpulaunch/units/templates/, package data.
 
-Template context. Every template gets:
-
-- `job`: the job id as the user typed it (any text: filter it, see below);
-- `job_slice`, `ranks_slice`, `watcher_scope`: full unit names;
-- `world_size`, `nproc` (local ranks): int;
-- `grace_sec`: int or float seconds between SIGTERM and SIGKILL;
-- `argv`: list of str, the command the ranks run;
-- `memory_max`: str or None, per rank (systemd size syntax, e.g. "12G", "50%");
-- `job_memory_max`: str or None, for the whole job slice;
-- `description`: str, free text about the job;
-- `unit`: the name of the unit being rendered.
-
-`rank.scope` also gets `rank`, `local_rank` (int), `gpu` (the rank's GPU as
-nvidia-smi numbers it, or None), `cpus` (str like "0-3,8" or None: AllowedCPUs=),
-`device_allow` (list of (path, rights) pairs such as ("/dev/char/195:0", "rw");
-empty when there is no GPU isolation). gpulaunch/plan/placement.py decides them.
-
-None means "not set": guard such values with `{% if x is not none %}`. Printing
+Template context: the fields of `JobVars` (every template) and `RankVars`
+(`rank.scope`), typed and documented in gpulaunch/units/variables.py. None
+means "not set": guard such values with `{% if x is not none %}`. Printing
 None, or a value that contains a line break, is an error.
 
 Filters:
@@ -63,15 +47,12 @@ import jinja2
 
 from gpulaunch.errors import TemplateError, UnitFileError
 from gpulaunch.units.codec import Property, parse_unit
+from gpulaunch.units.variables import context_hint
 
 TEMPLATE_NAMES = ("job.slice", "ranks.slice", "watcher.scope", "rank.scope")
 SYSTEM_DIR = Path("/etc/gpulaunch/units")
 
-_CONTEXT_HINT = (
-    "variables: job, job_slice, ranks_slice, watcher_scope, world_size, nproc, grace_sec, argv, "
-    "memory_max, job_memory_max, description, unit; rank.scope also rank, local_rank, gpu, "
-    "cpus, device_allow (see gpulaunch/units/templates.py)"
-)
+_CONTEXT_HINT = context_hint()
 
 
 @dataclass(frozen=True)

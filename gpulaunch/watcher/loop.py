@@ -1,11 +1,12 @@
 """The watcher: one single-threaded event loop that runs a job.
 
-It forks every rank held at a gate, has systemd put each in its scope, opens
-the gates, then sleeps in the event loop until something happens: a rank's
-pidfd becomes readable, systemd reports a finished job on the bus, a signal
-arrives through the wakeup fd, or an observer (the D-Bus publisher) asks for
-something. There is no timer and no poll interval: the grace period belongs to
-systemd (`TimeoutStopSec=` of the rank scopes, systemd.kill(5)).
+It forks every rank held at a gate, has its supervisor contain each (systemd:
+a scope; gpulaunch/supervisor/), opens the gates, then sleeps in the event
+loop until something happens: a rank's pidfd becomes readable, the supervisor
+reports (a rank contained, the gang gone), a signal arrives through the wakeup
+fd, or an observer (the D-Bus publisher) asks for something. There is no timer
+and no poll interval: the grace period belongs to the supervisor (systemd's
+`TimeoutStopSec=`, systemd.kill(5)). docs/architecture.md draws it.
 
 The loop is asyncio's (an epoll loop on one thread), driven from synchronous
 code: `_loop(until)` runs it until `until()` holds, re-checking after every
@@ -15,25 +16,27 @@ event. asyncio because the libraries that publish objects on D-Bus need it.
 from __future__ import annotations
 
 import asyncio
-import enum
 import errno
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
-from gpulaunch.errors import GpulaunchError, JobExistsError, SystemdError
+from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
 from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.model import (
     Cause,
+    JobProgress,
     JobReport,
     JobSpec,
+    Phase,
     RankExit,
+    RankProgress,
     RankResult,
     RankSpec,
     RankState,
@@ -44,21 +47,12 @@ from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
-from gpulaunch.plan.spec import JobUnits
-from gpulaunch.supervisor.systemd_api import SystemdAPI
-from gpulaunch.units.templates import UnitDefinition
+from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
 from gpulaunch.watcher.interrupts import pending
 from gpulaunch.watcher.procs import HeldChild, fork_held, kill_held, reap, spawn_held
 
-
-class Phase(enum.StrEnum):
-    """The job's life: starting -> running -> stopping -> done."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    DONE = "done"
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,17 +72,34 @@ class Rank:
         check_transition(self.state, new)
         self.state = new
 
+    def progress(self) -> RankProgress:
+        return RankProgress(
+            rank=self.spec.rank,
+            local_rank=self.spec.local_rank,
+            unit=self.spec.unit,
+            state=self.state,
+            pid=self.child.pid if self.child is not None else None,
+            stop_requested=self.stop_requested,
+            exit=self.exit,
+        )
+
 
 class Observer(Protocol):
-    """Follows a job as it runs: the D-Bus publisher, the terminal, ..."""
+    """Follows a job as it runs: the D-Bus publisher, the journal record, ...
 
-    def attach(self, watcher: Watcher, loop: asyncio.AbstractEventLoop) -> None:
+    Observers see the job only as immutable `JobProgress` snapshots, and may
+    ask for a graceful stop through the `stop` callback they are given.
+    """
+
+    def attach(
+        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
+    ) -> None:
         """Called once, before anything starts; may add readers to the loop."""
 
-    def changed(self, rank: Rank | None) -> None:
-        """A rank's state changed, or (None) the job's phase."""
+    def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
+        """A rank's state changed (`rank`), or (None) the job's phase."""
 
-    async def finished(self, report: JobReport) -> None:
+    async def finished(self, job: JobProgress, report: JobReport) -> None:
         """The job ended; awaited (with a bound) before the watcher returns."""
 
 
@@ -101,8 +112,7 @@ class Watcher:
     def __init__(
         self,
         spec: JobSpec,
-        units: JobUnits,
-        systemd: SystemdAPI,
+        supervisor: Supervisor,
         wakeup_fd: int,
         clock: Callable[[], float] = time.monotonic,
         on_created: Callable[[], None] = lambda: None,
@@ -113,20 +123,17 @@ class Watcher:
         peer: PeerLink | None = None,
     ) -> None:
         self.spec = spec
-        self.units = units
-        self.sd = systemd
+        self.supervisor = supervisor
         self.wakeup_fd = wakeup_fd
         self.clock = clock
         self.on_created = on_created  # called once the job's units exist
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r) for r in spec.ranks]
         self.interrupt: tuple[float, int] | None = None
-        self.stop_job: str | None = None
         self.stop_issued = False
+        self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
-        # systemd jobs we wait for, by object path: their result once finished.
-        self._awaited: dict[str, str | None] = {}
-        self._rank_jobs: dict[str, Rank] = {}
+        self._failure: BaseException | None = None  # raised by an fd handler: see _watch
         self.observers = tuple(observers)
         self.output = output or Output(OutputOptions(), spec.world_size)
         self.journal = journal  # whether the pumps write to journald
@@ -149,11 +156,11 @@ class Watcher:
             stack.callback(self._aio.close)
             stack.callback(self._kill_and_reap_all)
             self._watch(self.wakeup_fd, self._on_signal)
-            self._watch(self.sd.fileno(), self._on_bus)
+            self.supervisor.attach(self._aio, self._watch, self)
             self.output.attach(self._aio, self._poke)
             stack.callback(self.output.close)
             for observer in self.observers:
-                observer.attach(self, self._aio)
+                observer.attach(self.progress(), self.request_stop, self._aio)
             if self.nodes is not None:
                 self.nodes.attach(self._watch, self._aio.remove_reader)
             self._create_job_units(stack)
@@ -171,9 +178,10 @@ class Watcher:
                     break
             self._set_phase(Phase.DONE)
             report = self.report()
+            progress = self.progress()
             for observer in self.observers:  # also after a failed start: it is recorded too
                 self._aio.run_until_complete(
-                    asyncio.wait_for(observer.finished(report), FINISH_TIMEOUT)
+                    asyncio.wait_for(observer.finished(progress, report), FINISH_TIMEOUT)
                 )
             if self.start_error is not None:
                 raise self.start_error
@@ -200,8 +208,7 @@ class Watcher:
         self._settle_deadline = None
         self._all_forked = False
         self._set_phase(Phase.STARTING)
-        # The gang stop removed the ranks slice; the new ranks need it again.
-        self._wait_job(self._start_unit(self.units.ranks_slice), self.units.ranks_slice.name)
+        self._run(self.supervisor.renew_gang())
         return True
 
     def _stopping_asked(self) -> bool:
@@ -221,14 +228,14 @@ class Watcher:
         self._poke()
 
     def _watch(self, fd: int, handler: Callable[[], None]) -> None:
+        """Run `handler` whenever `fd` is readable; what it raises is raised by `_loop`."""
+
         def dispatch() -> None:
             try:
                 handler()
             except BaseException as exc:  # asyncio would only log it: raise it from _loop
-                if self._changed is not None and not self._changed.done():
-                    self._changed.set_exception(exc)
-                    return
-                raise
+                if self._failure is None:
+                    self._failure = exc
             self._poke()
 
         self._aio.add_reader(fd, dispatch)
@@ -238,9 +245,25 @@ class Watcher:
             self._changed.set_result(None)
 
     def _loop(self, until: Callable[[], bool]) -> None:
-        while not until():
+        while True:
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise failure
+            if until():
+                return
             self._changed = self._aio.create_future()
             self._aio.run_until_complete(self._changed)
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on the loop while every other event is handled as usual."""
+        task = self._aio.create_task(work)
+        task.add_done_callback(lambda _: self._poke())
+        try:
+            self._loop(task.done)
+        finally:
+            if not task.done():
+                task.cancel()
+        return task.result()
 
     def _set_phase(self, phase: Phase) -> None:
         if phase is not self.phase:
@@ -252,8 +275,23 @@ class Watcher:
         self._notify(rank)
 
     def _notify(self, rank: Rank | None) -> None:
+        if not self.observers:
+            return
+        progress = self.progress()
+        changed = rank.progress() if rank is not None else None
         for observer in self.observers:
-            observer.changed(rank)
+            observer.changed(progress, changed)
+
+    def progress(self) -> JobProgress:
+        """The job as it is now, for observers."""
+        return JobProgress(
+            spec=self.spec,
+            phase=self.phase,
+            ranks=tuple(r.progress() for r in self.ranks),
+            attempt=self.attempt,
+            watcher_pid=os.getpid(),
+            node_failure=self.node_failure,
+        )
 
     def _finished(self) -> bool:
         if any(r.state.alive for r in self.ranks):
@@ -272,7 +310,7 @@ class Watcher:
             if not output_done and self.clock() < (self._settle_deadline or 0):
                 return False
             self._begin_stop()
-        done = self.stop_job is None and output_done
+        done = not self.gang_stopping and output_done
         if not done or self.nodes is None:
             return done
         # Through the exit barrier: a store our peer serves stays until every node is done.
@@ -280,59 +318,28 @@ class Watcher:
 
     # -- starting ---------------------------------------------------------
 
-    def _start_unit(
-        self, unit: UnitDefinition, pids: tuple[int, ...] = (), rank: Rank | None = None
-    ) -> str:
-        path = self.sd.start_transient(unit.name, unit.properties, pids)
-        if rank is None:
-            self._awaited[path] = None
-        else:
-            self._rank_jobs[path] = rank
-        self._on_bus()  # signals that arrived during the call wait in sd-bus's queue
-        return path
-
-    def _wait_job(self, path: str, unit: str) -> None:
-        self._loop(lambda: self._awaited[path] is not None)
-        result = self._awaited.pop(path)
-        if result != "done":
-            raise SystemdError(f"systemd could not start {unit}: its start job ended '{result}'")
-
     def _create_job_units(self, stack: ExitStack) -> None:
-        """The job slice, the watcher's own scope (with us inside), the ranks slice."""
-        units = self.units
-        try:
-            path = self._start_unit(units.job_slice)
-        except JobExistsError as exc:
-            raise JobExistsError(
-                f"a job named {self.spec.job!r} is already running ({units.job_slice.name})",
-                f"choose another --job, or stop that one: systemctl stop {units.job_slice.name}",
-            ) from exc
-        undo = stack.enter_context(ExitStack())
-        undo.callback(self.sd.stop_unit, units.job_slice.name)
-        self._wait_job(path, units.job_slice.name)
-        # From here on our death stops the job slice (PropagatesStopTo=) and,
-        # through BindsTo=, every rank: no code of ours needs to run for that.
-        # The peer shares our scope: it outlives us just long enough to tell the
-        # other nodes that we died, and then the scope is empty.
+        """The job's containment, with us (and our peer) inside."""
+        # From here on our death stops the job (systemd: BindsTo=, PropagatesStopTo=).
+        # The peer shares our containment: it outlives us just long enough to tell
+        # the other nodes that we died.
         pids = (os.getpid(),) if self.nodes is None else (os.getpid(), self.nodes.peer.pid)
-        self._wait_job(self._start_unit(units.watcher, pids), units.watcher.name)
-        undo.pop_all()
-        self._wait_job(self._start_unit(units.ranks_slice), units.ranks_slice.name)
+        self._run(self.supervisor.create(pids))
 
     def _start_ranks(self) -> None:
-        """Fork every rank at its gate and ask systemd for its scope.
+        """Fork every rank at its gate and ask the supervisor to contain it.
 
-        The gates open one by one as each scope's start job finishes (in
-        `_on_bus`): the reply to StartTransientUnit comes before the move.
+        The gates open when the supervisor said every rank is contained
+        (`placed`): with systemd, the reply to StartTransientUnit comes before
+        the move, so that is later than the call.
         """
-        by_unit = {u.name: u for u in self.units.ranks}
-        for rank in self.ranks:
+        for index, rank in enumerate(self.ranks):
             if self.interrupt is not None or self.stop_issued:
                 return
             self._fork_rank(rank)
             assert rank.child is not None and rank.pump is not None
             try:
-                self._start_unit(by_unit[rank.spec.unit], (rank.child.pid, rank.pump.pid), rank)
+                self.supervisor.place(index, (rank.child.pid, rank.pump.pid))
             except GpulaunchError as exc:
                 self.start_error = exc
                 return
@@ -385,26 +392,21 @@ class Watcher:
             else:
                 self._kill_now()
 
-    def _on_bus(self) -> None:
-        for job in self.sd.events():
-            if job.path == self.stop_job:
-                self.stop_job = None
-            elif job.path in self._awaited:
-                self._awaited[job.path] = job.result
-            elif job.path in self._rank_jobs:
-                self._on_rank_started(self._rank_jobs.pop(job.path), job.result)
+    # -- what the supervisor says (gpulaunch.supervisor.SupervisorEvents) --
 
-    def _on_rank_started(self, rank: Rank, result: str) -> None:
+    def placed(self, index: int, error: GpulaunchError | None) -> None:
+        rank = self.ranks[index]
         if rank.state is not RankState.HELD or self.stop_issued:
             return  # it died at the gate, or we are stopping and killed it there
-        if result != "done":
-            self.start_error = SystemdError(
-                f"systemd could not start {rank.spec.unit}: its start job ended '{result}'"
-            )
+        if error is not None:
+            self.start_error = error
             self._begin_stop()
             return
         rank.in_scope = True
         self._open_gates()
+
+    def gang_stopped(self) -> None:
+        self.gang_stopping = False
 
     def _open_gates(self) -> None:
         """Let every rank run at once, when all of them are in their scopes.
@@ -476,7 +478,7 @@ class Watcher:
     # -- stopping ---------------------------------------------------------
 
     def _begin_stop(self) -> None:
-        """Gang stop: systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after the grace."""
+        """Gang stop: the supervisor sends SIGTERM to every rank, SIGKILL after the grace."""
         if self.stop_issued:
             return
         self.stop_issued = True
@@ -490,15 +492,13 @@ class Watcher:
                     if child is not None:
                         child.abandon()
                         kill_held(child)
-        self.stop_job = self.sd.stop_unit(self.units.ranks_slice.name)
-        self._on_bus()
+        self.gang_stopping = True
+        self.supervisor.stop_gang()
 
     def _kill_now(self) -> None:
         """A second interrupt: SIGKILL everything of the ranks without waiting for the grace."""
         self._begin_stop()
-        for rank in self.ranks:
-            self.sd.kill_unit(rank.spec.unit, signal.SIGKILL)
-        self._on_bus()
+        self.supervisor.kill_gang()
 
     def _kill_and_reap_all(self) -> None:
         """On any error path: no child of ours outlives this function."""

@@ -36,6 +36,7 @@ from gpulaunch.jobapi.view import (
     object_path,
 )
 from gpulaunch.model import Cause
+from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.detach import Detached, _tail_overlap
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
@@ -206,8 +207,7 @@ def test_recorder_writes_the_watchers_report(tmp_path: Path) -> None:
     with r, w:
         report = Watcher(
             spec,
-            units,
-            FakeSystemd(),
+            SystemdSupervisor(FakeSystemd(), units),
             r.fileno(),
             observers=[Recorder(send=sent.append)],
             runtime_dir=tmp_path,
@@ -231,8 +231,7 @@ def test_a_failed_start_is_recorded_too(tmp_path: Path) -> None:
     with r, w, pytest.raises(Exception, match="failed"):
         Watcher(
             spec,
-            units,
-            FakeSystemd(start_result="failed"),
+            SystemdSupervisor(FakeSystemd(start_result="failed"), units),
             r.fileno(),
             observers=[Recorder(send=sent.append)],
             runtime_dir=tmp_path,

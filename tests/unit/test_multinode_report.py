@@ -19,6 +19,7 @@ from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView, 
 from gpulaunch.model import Cause, JobReport, RankExit, RankResult, job_outcome
 from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.report import format_report, headline, nodes_line
+from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_jobapi import decode
 from tests.unit.test_jobapi import view as single_node_view
@@ -461,8 +462,7 @@ def run_recorded(tmp_path: Path, layout: Layout | None) -> tuple[dict[str, str],
     with r, w:
         rep = Watcher(
             spec,
-            units,
-            FakeSystemd(),
+            SystemdSupervisor(FakeSystemd(), units),
             r.fileno(),
             observers=[Recorder(send=sent.append)],
             runtime_dir=tmp_path,

@@ -17,9 +17,10 @@ import pytest
 
 from gpulaunch.errors import JobExistsError, SystemdError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
-from gpulaunch.plan.spec import JobUnits
+from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.supervisor.systemd_api import JobDone
 from gpulaunch.units.codec import Property
+from gpulaunch.units.job import JobUnits
 from gpulaunch.units.names import UnitNames
 from gpulaunch.units.templates import UnitDefinition
 from gpulaunch.watcher.loop import Watcher
@@ -124,6 +125,7 @@ def make_job(
         return UnitDefinition(name=name, template=Path("x"), text="", properties=())
 
     units = JobUnits(
+        job=job,
         job_slice=unit(names.job_slice),
         ranks_slice=unit(names.ranks_slice),
         watcher=unit(names.watcher_scope),
@@ -170,7 +172,7 @@ def no_children_left() -> bool:
 def test_all_succeed(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exit 0"), sh("exit 0")])
-    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert report.status == 0 and report.cause is Cause.SUCCEEDED
     assert [r.exit.code for r in report.ranks if r.exit] == [0, 0]
     # the ranks slice is stopped at the end even on success (leftover grandchildren)
@@ -186,7 +188,7 @@ def test_all_succeed(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
 def test_first_failure_stops_the_gang(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exec sleep 60"), sh("exit 3"), sh("exec sleep 60")])
-    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert (report.status, report.cause, report.cause_rank) == (3, Cause.RANK_FAILED, 1)
     stopped = [r for r in report.ranks if r.rank != 1]
     assert all(
@@ -198,14 +200,14 @@ def test_first_failure_stops_the_gang(wakeup: tuple[int, socket.socket], tmp_pat
 def test_early_success_is_not_a_failure(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("exit 0"), sh("sleep 0.3; exit 0")])
-    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert report.status == 0
 
 
 def test_rank_killed_by_signal(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     sd = FakeSystemd()
     spec, units = make_job([sh("kill -KILL $$"), sh("exec sleep 60")])
-    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert (report.status, report.cause_rank) == (137, 0)
 
 
@@ -213,7 +215,7 @@ def test_interrupt_stops_with_128_plus_n(wakeup: tuple[int, socket.socket], tmp_
     sd = FakeSystemd()
     spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60")])
     wakeup[1].send(bytes([signal.SIGTERM]))
-    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert (report.status, report.cause) == (143, Cause.INTERRUPTED)
     assert all(r.exit is None or r.exit.stopped_by_watcher for r in report.ranks)
     assert no_children_left()
@@ -223,7 +225,7 @@ def test_second_interrupt_kills(wakeup: tuple[int, socket.socket], tmp_path: Pat
     sd = FakeSystemd()
     spec, units = make_job([sh("trap '' TERM; sleep 60 & wait; sleep 60")])
     wakeup[1].send(bytes([signal.SIGINT, signal.SIGINT]))
-    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert report.status == 130
     assert ("kill", units.ranks[0].name) in sd.calls
 
@@ -233,14 +235,14 @@ def test_job_exists(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     spec, units = make_job([sh("exit 0")])
     sd.units[units.job_slice.name] = []
     with pytest.raises(JobExistsError, match="already running"):
-        Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+        Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
 
 
 def test_partial_start_is_undone(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60"), sh("exec sleep 60")])
     sd = FakeSystemd(fail_start=units.ranks[1].name)
     with pytest.raises(SystemdError):
-        Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+        Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert ("stop", units.ranks_slice.name) in sd.calls
     assert no_children_left()
 
@@ -251,7 +253,7 @@ def test_failed_start_job_kills_held_ranks(
     spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60")])
     sd = FakeSystemd(start_result="failed")
     with pytest.raises(SystemdError, match="failed"):
-        Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+        Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert no_children_left()
 
 
@@ -261,7 +263,7 @@ def test_restart_after_a_failure_on_the_first_attempt(
     fail_first = sh('[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exit 5; exit 0')
     spec, units = make_job([sh("exec sleep 1"), fail_first], max_restarts=2)
     sd = FakeSystemd()
-    report = Watcher(spec, units, sd, wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert (report.status, report.restarts) == (0, 1)
     assert sd.calls.count(("start", units.ranks_slice.name)) == 2
     assert no_children_left()
@@ -269,7 +271,9 @@ def test_restart_after_a_failure_on_the_first_attempt(
 
 def test_restarts_run_out(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     spec, units = make_job([sh("exit 0"), sh("exit 5")], max_restarts=2)
-    report = Watcher(spec, units, FakeSystemd(), wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(
+        spec, SystemdSupervisor(FakeSystemd(), units), wakeup[0], runtime_dir=tmp_path
+    ).run()
     assert (report.status, report.restarts, report.cause_rank) == (5, 2, 1)
 
 
@@ -282,12 +286,16 @@ def test_cause_rank_error_from_error_file_or_stderr(
         '> "$TORCHELASTIC_ERROR_FILE"; exit 1'
     )
     spec, units = make_job([record, sh("exec sleep 60")])
-    report = Watcher(spec, units, FakeSystemd(), wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(
+        spec, SystemdSupervisor(FakeSystemd(), units), wakeup[0], runtime_dir=tmp_path
+    ).run()
     cause = report.ranks[0]
     assert cause.error == "Traceback (most recent call last):\nValueError: x"
     assert cause.error_source is not None and "error file" in cause.error_source
     assert report.ranks[1].error is None
     spec, units = make_job([sh("echo one >&2; echo two >&2; exit 2")], job="u")
-    report = Watcher(spec, units, FakeSystemd(), wakeup[0], runtime_dir=tmp_path).run()
+    report = Watcher(
+        spec, SystemdSupervisor(FakeSystemd(), units), wakeup[0], runtime_dir=tmp_path
+    ).run()
     assert report.ranks[0].error == "one\ntwo"
     assert list(tmp_path.joinpath("gpulaunch").iterdir()) == []  # error files cleaned up

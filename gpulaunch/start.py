@@ -1,0 +1,150 @@
+"""`gpulaunch start` and `gpulaunch render`: from start options to a finished job.
+
+The one owner of a job's start: plan it (gpulaunch/plan/), render its units
+(gpulaunch/units/), join the other nodes (gpulaunch/multinode/), choose its
+supervisor (gpulaunch/supervisor/), run the watcher (gpulaunch/watcher/) with
+its observers (gpulaunch/jobapi/), then print the report. cli.py parses the
+command line; errors raised here become messages there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import ExitStack
+from dataclasses import replace
+
+from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
+from gpulaunch.logs.journal import sync as journal_sync
+from gpulaunch.logs.output import Output, OutputOptions
+from gpulaunch.model import JobSpec, Manager
+from gpulaunch.multinode.protocol import Layout
+from gpulaunch.plan.environment import omp_default_applies
+from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
+from gpulaunch.report import format_report
+from gpulaunch.units.job import JobUnits, render_units
+from gpulaunch.units.templates import Templates
+from gpulaunch.watcher.detach import Detached
+from gpulaunch.watcher.interrupts import install_wakeup
+
+
+def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
+    """The job and its units, decided before anything starts (bad input fails here)."""
+    spec = make_spec(opts, default_environment(), os.getcwd(), layout=layout)
+    return spec, render_units(spec, Templates(opts.units_dirs))
+
+
+def render(opts: StartOptions) -> int:
+    """`gpulaunch render`: print the units `start` would create."""
+    _, units = plan(opts)
+    for unit in units.all():
+        print(f"# {unit.name} (from {unit.template})")
+        print(unit.text.rstrip("\n"))
+        print()
+    return 0
+
+
+def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
+    """`gpulaunch start`: run the job to its end; returns its status."""
+    from gpulaunch.jobapi.publisher import JobPublisher
+    from gpulaunch.jobapi.record import Recorder
+    from gpulaunch.logs.pump import journal_reachable
+    from gpulaunch.multinode.peerlink import PeerLink
+    from gpulaunch.supervisor.systemd import SystemdSupervisor
+    from gpulaunch.supervisor.systemd_api import Systemd  # pystemd: only to run jobs
+    from gpulaunch.watcher.loop import Watcher
+
+    spec, units = plan(opts)
+    detached = Detached.fork() if detach else None
+    if detached is not None and detached.is_parent:
+        return detached.wait_started(spec.job)  # the child runs the watcher
+    # detached: nobody watches the terminal; the journal and --log-dir still get everything
+    output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
+    journal_problem = journal_reachable()
+    if journal_problem:
+        output.message(
+            f"gpulaunch: warning: journald is not reachable ({journal_problem}); "
+            "rank output goes to the terminal and --log-dir only"
+        )
+    _warn_about(spec, output)
+    wakeup = install_wakeup()
+    with ExitStack() as stack:
+        peer = None
+        if spec.node_config is not None:
+            peer = PeerLink.spawn(spec.node_config)
+            stack.callback(peer.close)
+            cfg = spec.node_config
+            output.message(
+                f"gpulaunch: job {spec.job}: waiting for {cfg.nnodes} nodes at {cfg.endpoint} "
+                f"({cfg.backend} rendezvous)"
+            )
+            spec, units = plan(opts, layout=peer.join(wakeup))
+            assert spec.layout is not None
+            output.place_node(spec.layout.first_rank, spec.world_size)
+
+        def announce() -> None:
+            output.message(f"gpulaunch: job {spec.job}: {_where(spec)}")
+            if detached is not None:
+                detached.started()
+
+        systemd = stack.enter_context(Systemd(spec.manager))
+        watcher = Watcher(
+            spec,
+            SystemdSupervisor(systemd, units),
+            wakeup,
+            on_created=announce,
+            observers=(Recorder(), JobPublisher()),  # the record first: Finished says it exists
+            output=output,
+            journal=journal_problem is None,
+            peer=peer,
+        )
+        report = watcher.run()
+    if journal_problem is None:
+        report = replace(report, log_drops=journal_drops(spec, output))
+    print(format_report(report), file=sys.stderr, flush=True)
+    return report.status
+
+
+def _warn_about(spec: JobSpec, output: Output) -> None:
+    if omp_default_applies(os.environ, spec.nproc):
+        output.message(
+            "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's default) "
+            "so that the ranks do not overload the CPUs; set it yourself to tune it"
+        )
+    if spec.manager is Manager.USER and any(rank.device_allow for rank in spec.ranks):
+        output.message(
+            "gpulaunch: warning: a user manager does not enforce --gpu-isolation's device "
+            "rules: each rank sees only its GPU, but could still open the others; run as root "
+            "for enforced isolation"
+        )
+
+
+def _where(spec: JobSpec) -> str:
+    """Where the job's ranks run, for the start line."""
+    if spec.layout is None:
+        return f"{spec.nproc} ranks in {spec.names.job_slice}"
+    first = spec.layout.first_rank
+    return (
+        f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"
+        f"{first + spec.nproc - 1} of {spec.world_size} in {spec.names.job_slice}"
+    )
+
+
+def journal_drops(spec: JobSpec, output: Output) -> tuple[LogDrop, ...]:
+    """Ranks of which journald kept fewer lines than they wrote (its rate limit)."""
+    burst = rate_limit_burst()
+    if burst is None:
+        return ()
+    drops = []
+    synced = False
+    for rank in spec.ranks:
+        written = output.lines(rank.rank)
+        if written <= burst:
+            continue  # the limit cannot have been reached
+        if not synced:
+            journal_sync(spec.manager)
+            synced = True
+        stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}")
+        if stored < written:
+            drops.append(LogDrop(rank=rank.rank, written=written, stored=stored))
+    return tuple(drops)

@@ -1,0 +1,136 @@
+"""The systemd supervisor: every rank a transient scope, the job a slice.
+
+```
+gpulaunch-<JOB>.slice
+├─ gpulaunch-<JOB>-watcher.scope   the watcher (PropagatesStopTo= the job slice)
+└─ gpulaunch-<JOB>-ranks.slice     stopped as one when a rank fails
+   └─ gpulaunch-<JOB>-rankN.scope  BindsTo= + After= the watcher scope
+```
+
+The strongest containment gpulaunch has: if the watcher dies in any way, its
+scope ends, and systemd stops every rank (BindsTo=) and removes the job slice
+(PropagatesStopTo=) with no code of ours alive. See docs/architecture.md and
+systemd.scope(5), systemd.kill(5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+
+from gpulaunch.errors import JobExistsError, SystemdError
+from gpulaunch.supervisor import SupervisorEvents, Watch
+from gpulaunch.supervisor.systemd_api import SystemdAPI
+from gpulaunch.units.job import JobUnits
+from gpulaunch.units.templates import UnitDefinition
+
+
+class SystemdSupervisor:
+    """Scopes and slices of the system or a user manager (gpulaunch.supervisor.Supervisor)."""
+
+    name = "systemd"
+
+    def __init__(self, systemd: SystemdAPI, units: JobUnits) -> None:
+        self.sd = systemd
+        self.units = units
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: SupervisorEvents | None = None
+        # systemd jobs we wait for, by object path.
+        self._awaited: dict[str, asyncio.Future[str]] = {}
+        self._rank_jobs: dict[str, int] = {}
+        self._stop_job: str | None = None
+
+    def attach(
+        self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
+    ) -> None:
+        self._loop = loop
+        self._events = events
+        watch(self.sd.fileno(), self._on_bus)
+
+    # -- creating ---------------------------------------------------------
+
+    async def create(self, watcher_pids: Sequence[int]) -> None:
+        """The job slice, the watcher's own scope (with the watcher inside), the ranks slice."""
+        units = self.units
+        try:
+            created = self._start(units.job_slice)
+        except JobExistsError as exc:
+            raise JobExistsError(
+                f"a job named {units.job!r} is already running ({units.job_slice.name})",
+                f"choose another --job, or stop that one: systemctl stop {units.job_slice.name}",
+            ) from exc
+        try:
+            await self._done(created, units.job_slice)
+            # From here on the watcher's death stops the job slice (PropagatesStopTo=)
+            # and, through BindsTo=, every rank: no code of ours needs to run for that.
+            await self._done(self._start(units.watcher, watcher_pids), units.watcher)
+        except BaseException:
+            self.sd.stop_unit(units.job_slice.name)
+            raise
+        await self.renew_gang()
+
+    async def renew_gang(self) -> None:
+        # A gang stop removes the ranks slice; a new attempt needs it again.
+        await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice)
+
+    def place(self, rank: int, pids: Sequence[int]) -> None:
+        path = self.sd.start_transient(
+            self.units.ranks[rank].name, self.units.ranks[rank].properties, pids
+        )
+        self._rank_jobs[path] = rank
+        self._on_bus()  # signals that arrived during the call wait in sd-bus's queue
+
+    def _start(self, unit: UnitDefinition, pids: Sequence[int] = ()) -> asyncio.Future[str]:
+        assert self._loop is not None
+        path = self.sd.start_transient(unit.name, unit.properties, pids)
+        done = self._awaited[path] = self._loop.create_future()
+        self._on_bus()
+        return done
+
+    async def _done(self, job: asyncio.Future[str], unit: UnitDefinition) -> None:
+        result = await job
+        if result != "done":
+            raise SystemdError(
+                f"systemd could not start {unit.name}: its start job ended '{result}'"
+            )
+
+    # -- stopping ---------------------------------------------------------
+
+    def stop_gang(self) -> None:
+        """systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after TimeoutStopSec=."""
+        self._stop_job = self.sd.stop_unit(self.units.ranks_slice.name)
+        self._on_bus()
+        if self._stop_job is None:  # the slice is not loaded: nothing left to stop
+            self._gang_stopped()
+
+    def kill_gang(self) -> None:
+        for unit in self.units.ranks:
+            self.sd.kill_unit(unit.name, signal.SIGKILL)
+        self._on_bus()
+
+    def _gang_stopped(self) -> None:
+        assert self._events is not None
+        self._events.gang_stopped()
+
+    # -- the bus ----------------------------------------------------------
+
+    def _on_bus(self) -> None:
+        assert self._events is not None
+        for job in self.sd.events():
+            if job.path == self._stop_job:
+                self._stop_job = None
+                self._gang_stopped()
+            elif job.path in self._awaited:
+                future = self._awaited.pop(job.path)
+                if not future.done():
+                    future.set_result(job.result)
+            elif job.path in self._rank_jobs:
+                rank = self._rank_jobs.pop(job.path)
+                error = None
+                if job.result != "done":
+                    unit = self.units.ranks[rank].name
+                    error = SystemdError(
+                        f"systemd could not start {unit}: its start job ended '{job.result}'"
+                    )
+                self._events.placed(rank, error)
