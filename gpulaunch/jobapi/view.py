@@ -197,6 +197,15 @@ class RankView:
 _RANK_FIELDS = tuple(RankView.__dataclass_fields__)
 
 
+def _cause_rank(report: JobReport | None, failure: NodeFailure | None) -> int:
+    """The job's cause rank: this node's, or (node-failed) the other node's global rank."""
+    if report is None:
+        return -1
+    if report.cause is Cause.NODE_FAILED:
+        return -1 if failure is None or failure.rank is None else failure.rank
+    return -1 if report.cause_rank is None else report.cause_rank
+
+
 @dataclass(frozen=True)
 class JobView:
     """A job: live from its watcher on the bus, or final from its journal record.
@@ -258,6 +267,8 @@ class JobView:
             host=self.cause_host,
             status=self.status,
             what=self.cause_what,
+            # cause_rank is the job's cause rank: on another node, a global rank not ours
+            rank=self.cause_rank if remote and self.cause_rank >= 0 else None,
             error=(self.cause_error or None) if remote else None,
             error_source=(self.cause_error_source or None) if remote else None,
         )
@@ -292,7 +303,10 @@ class JobView:
             job=self.job,
             status=self.status,
             cause=cause,
-            cause_rank=self.cause_rank if self.cause_rank >= 0 else None,
+            # the report's cause rank is one of this node's ranks (see node_failure)
+            cause_rank=(
+                self.cause_rank if self.cause_rank >= 0 and cause is not Cause.NODE_FAILED else None
+            ),
             interrupt_signal=self.status - 128 if cause is Cause.INTERRUPTED else None,
             ranks=tuple(
                 dataclasses.replace(
@@ -337,7 +351,7 @@ class JobView:
             ranks=tuple(RankView.of_progress(r) for r in job.ranks),
             status=-1 if report is None else report.status,
             cause="" if report is None else report.cause.value,
-            cause_rank=-1 if report is None or report.cause_rank is None else report.cause_rank,
+            cause_rank=_cause_rank(report, failure),
             error="" if report is None or report.error is None else report.error,
             restarts=job.attempt,
             cause_error=error or "",

@@ -16,7 +16,15 @@ from gpulaunch.jobapi import record
 from gpulaunch.jobapi.publisher import interface_xml
 from gpulaunch.jobapi.record import Recorder
 from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView, RankView
-from gpulaunch.model import Cause, JobReport, RankExit, RankResult, job_outcome
+from gpulaunch.model import (
+    Cause,
+    JobProgress,
+    JobReport,
+    Phase,
+    RankExit,
+    RankResult,
+    job_outcome,
+)
 from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.report import format_report, headline, nodes_line
 from gpulaunch.supervisor.systemd import SystemdSupervisor
@@ -490,3 +498,23 @@ def test_watcher_of_a_node_records_its_layout(tmp_path: Path) -> None:
     back = record.parse({**e, "_UID": "0"})
     assert back.nodes == NODES[:2] and back.layout is not None
     assert nodes_line(back.layout) == "node 0 of 2; nodes: 0 hostA ranks 0-1, 1 hostB ranks 2-3"
+
+
+def test_status_of_a_job_another_node_failed_names_that_rank() -> None:
+    """`status`, `wait` and `stop` print the failed rank of the other node, never 'rank None'."""
+    spec, _ = make_job([sh("exit 0"), sh("exit 0")], job="j")
+    spec = dataclasses.replace(spec, layout=LAYOUT, world_size=LAYOUT.world_size)
+    progress = JobProgress(
+        spec=spec, phase=Phase.DONE, ranks=(), attempt=0, watcher_pid=1, node_failure=REMOTE
+    )
+    live = JobView.of_progress(progress, report())
+    props = {name: value for name, (_, value) in live.properties().items()}
+    for v in (live, record.parse(entry(live))):  # the Finished signal carries `live` too
+        text = format_report(v.report())
+        assert "rank None" not in text
+        assert "rank 3's error (on node 1), from its error file (@record):" in text
+        assert "ValueError: boom" in text
+        assert v.report().node_failure == REMOTE
+    on_bus = JobView.from_properties(props).report()  # the properties carry no error text
+    assert on_bus.node_failure is not None and on_bus.node_failure.rank == 3
+    assert "rank None" not in format_report(on_bus)
