@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from dbus_fast import (
-    BusType,
     DBusError,
     Message,
     MessageFlag,
@@ -34,13 +33,21 @@ from dbus_fast import (
     Variant,
 )
 from dbus_fast.aio import MessageBus
-from dbus_fast.errors import AuthError, InvalidAddressError
 
 from gpulaunch.errors import (
     AccessDeniedError,
     GpulaunchError,
     JobExistsError,
     NoSystemdError,
+)
+from gpulaunch.jobapi.bus import (
+    ACCESS_DENIED,
+    CONNECT_TIMEOUT,
+    DBUS,
+    DBUS_PATH,
+    INTROSPECTABLE,
+    PROPERTIES,
+    connect,
 )
 from gpulaunch.jobapi.view import (
     INTERFACE,
@@ -53,17 +60,10 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 
-DBUS = "org.freedesktop.DBus"
-DBUS_PATH = "/org/freedesktop/DBus"
-PROPERTIES = "org.freedesktop.DBus.Properties"
-INTROSPECTABLE = "org.freedesktop.DBus.Introspectable"
-ACCESS_DENIED = "org.freedesktop.DBus.Error.AccessDenied"
-
 # Signal signatures (packaging/dbus/io.gpulaunch.Job1.xml has their argument names).
 RANK_EXITED_SIGNATURE = "isiibi"
 FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
 
-CONNECT_TIMEOUT = 5.0  # seconds to connect and own the name before the job starts
 FINISH_BUDGET = 1.5  # of the watcher's 2 s for `finished`: never make it raise
 
 _STANDARD_INTERFACES = """\
@@ -112,37 +112,6 @@ def interface_xml() -> str:
 
 POLICY_FILE = "io.gpulaunch.conf"
 POLICY_DIR = Path("/etc/dbus-1/system.d")
-
-
-def bus_address(manager: Manager) -> str:
-    """The bus a job of this manager lives on, found as sd-bus finds it."""
-    if manager is Manager.SYSTEM:
-        return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket"
-    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
-    if address:
-        return address
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-    return f"unix:path={runtime}/bus"
-
-
-async def connect(manager: Manager) -> MessageBus:
-    """Connect to the job's bus, or raise NoSystemdError naming it."""
-    address = bus_address(manager)
-    try:
-        bus = MessageBus(bus_address=address, bus_type=BusType.SYSTEM, auth_timeout=CONNECT_TIMEOUT)
-        return await asyncio.wait_for(bus.connect(), CONNECT_TIMEOUT)
-    except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        if manager is Manager.SYSTEM:
-            hint = "is dbus running? gpulaunch needs the system bus that systemd uses"
-        else:
-            hint = (
-                "log in through a session that starts user@$UID.service (it runs the "
-                "session bus), or set DBUS_SESSION_BUS_ADDRESS; as root, use --system"
-            )
-        raise NoSystemdError(
-            f"cannot reach {bus_title(manager)} at {address} ({reason})", hint
-        ) from None
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

@@ -1,0 +1,56 @@
+"""Connecting to the bus a job lives on: the system bus, or the user's session bus.
+
+Shared by the watcher's publisher and every client (gpulaunch/jobapi/client.py),
+so that a client loads nothing of the publisher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+from dbus_fast.errors import AuthError, InvalidAddressError
+
+from gpulaunch.errors import NoSystemdError
+from gpulaunch.jobapi.view import bus_title
+from gpulaunch.model import Manager
+
+DBUS = "org.freedesktop.DBus"
+DBUS_PATH = "/org/freedesktop/DBus"
+PROPERTIES = "org.freedesktop.DBus.Properties"
+INTROSPECTABLE = "org.freedesktop.DBus.Introspectable"
+ACCESS_DENIED = "org.freedesktop.DBus.Error.AccessDenied"
+CONNECT_TIMEOUT = 5.0  # seconds to connect and own the name before the job starts
+
+
+def bus_address(manager: Manager) -> str:
+    """The bus a job of this manager lives on, found as sd-bus finds it."""
+    if manager is Manager.SYSTEM:
+        return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket"
+    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
+    if address:
+        return address
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    return f"unix:path={runtime}/bus"
+
+
+async def connect(manager: Manager) -> MessageBus:
+    """Connect to the job's bus, or raise NoSystemdError naming it."""
+    address = bus_address(manager)
+    try:
+        bus = MessageBus(bus_address=address, bus_type=BusType.SYSTEM, auth_timeout=CONNECT_TIMEOUT)
+        return await asyncio.wait_for(bus.connect(), CONNECT_TIMEOUT)
+    except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        if manager is Manager.SYSTEM:
+            hint = "is dbus running? gpulaunch needs the system bus that systemd uses"
+        else:
+            hint = (
+                "log in through a session that starts user@$UID.service (it runs the "
+                "session bus), or set DBUS_SESSION_BUS_ADDRESS; as root, use --system"
+            )
+        raise NoSystemdError(
+            f"cannot reach {bus_title(manager)} at {address} ({reason})", hint
+        ) from None
