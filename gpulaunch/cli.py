@@ -6,9 +6,9 @@ Exit codes (also in the README):
   2       bad command line or input (unknown option, missing script, ...)
   3       unknown job
   68      a multi-node job could not join its other nodes (the rendezvous failed)
-  69      no systemd manager reachable
+  69      something this machine must provide is missing (a systemd manager, journalctl, ...)
   70      internal error (a bug: rerun with --debug and report it)
-  71      systemd refused or failed an operation
+  71      systemd, or a job's watcher on the bus, refused or failed an operation
   73      a job with this id is already running
   75      multi-node: the job stopped because another node was lost (its watcher died,
           it stopped answering, or the store it served went away)

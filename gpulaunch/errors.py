@@ -25,7 +25,13 @@ class UsageError(GpulaunchError):
     exit_code = 2
 
 
-class NoSystemdError(GpulaunchError):
+class UnavailableError(GpulaunchError):
+    """Something this machine must provide for the command is missing or unreadable."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class NoSystemdError(UnavailableError):
     """No systemd manager can be reached on the bus we need."""
 
     exit_code = 69  # EX_UNAVAILABLE
@@ -83,6 +89,12 @@ class SystemdError(GpulaunchError):
     """systemd refused or failed an operation for a reason not covered above."""
 
     exit_code = 71  # EX_OSERR
+
+
+class WatcherCallError(GpulaunchError):
+    """A job's watcher answered a call on the bus with an error we did not expect."""
+
+    exit_code = 71  # EX_OSERR, as systemd's failures
 
 
 class NodeLinkError(GpulaunchError):

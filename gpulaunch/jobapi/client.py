@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from gpulaunch.errors import AccessDeniedError, GpulaunchError
-from gpulaunch.jobapi.publisher import ACCESS_DENIED, DBUS, DBUS_PATH, PROPERTIES, connect
+from gpulaunch.errors import AccessDeniedError, WatcherCallError
+from gpulaunch.jobapi.bus import ACCESS_DENIED, DBUS, DBUS_PATH, PROPERTIES, connect
 from gpulaunch.jobapi.view import (
     INTERFACE,
     NAME_PREFIX,
@@ -62,7 +62,7 @@ def _dbus_call(
 
 
 @dataclass(frozen=True)
-class Outcome:
+class WaitResult:
     """What waiting for a job found: its final view, or that its watcher went away."""
 
     final: JobView | None
@@ -83,7 +83,7 @@ class JobClient:
                 raise _Gone(reply.error_name)
             if reply.error_name == ACCESS_DENIED:
                 raise _Denied(_error_text(reply))
-            raise GpulaunchError(f"{msg.member} failed: {reply.error_name}: {_error_text(reply)}")
+            raise WatcherCallError(f"{msg.member} failed: {reply.error_name}: {_error_text(reply)}")
         return reply
 
     async def _owner(self, name: str) -> str:
@@ -118,7 +118,7 @@ class JobClient:
 
     async def wait(
         self, job: str, before_wait: Callable[[], Awaitable[None]] | None = None
-    ) -> Outcome:
+    ) -> WaitResult:
         """Sleep until the job ends: its `Finished` signal, or its name going away.
 
         The match rules are in place before we look at the job, so no ending is
@@ -145,13 +145,13 @@ class JobClient:
         try:
             owner = await self._owner(name)
         except _Gone:
-            return Outcome(final=None, running=False)
+            return WaitResult(final=None, running=False)
         try:
             view = await self.get(name, path)
         except _Gone:  # it went away right now
-            return Outcome(final=None, running=True)
+            return WaitResult(final=None, running=True)
         if view.state.ended:
-            return Outcome(final=view, running=False)
+            return WaitResult(final=view, running=False)
         if before_wait is not None:
             try:
                 await before_wait()
@@ -169,18 +169,18 @@ class JobClient:
                     cause_rank=int(cause_rank),
                     ranks=tuple(RankView.from_wire(r) for r in ranks),
                 )
-                return Outcome(final=final, running=True)
+                return WaitResult(final=final, running=True)
             if msg.member == "NameOwnerChanged" and msg.body[1] == owner:
-                return Outcome(final=None, running=True)
+                return WaitResult(final=None, running=True)
 
-    async def stop_job(self, job: str, block: bool) -> Outcome | None:
+    async def stop_job(self, job: str, block: bool) -> WaitResult | None:
         """Stop the job; wait for its end if `block` (else None: the stop was accepted)."""
         if block:
             return await self.wait(job, before_wait=lambda: self.stop(job))
         try:
             await self.stop(job)
         except _Gone:
-            return Outcome(final=None, running=False)
+            return WaitResult(final=None, running=False)
         return None
 
     async def stop(self, job: str) -> None:

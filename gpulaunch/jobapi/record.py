@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulaunch.errors import GpulaunchError
+from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi.view import JobState, JobView, RankView, node_from_wire, node_wire, ranks_json
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 from gpulaunch.report import headline
@@ -222,7 +222,7 @@ def query(matches: Sequence[str], limit: int) -> list[JobView]:
             [*argv, *matches], capture_output=True, text=True, timeout=60, check=False
         )
     except FileNotFoundError as exc:
-        raise GpulaunchError(
+        raise UnavailableError(
             "cannot read job records: journalctl not found", "install systemd's journalctl"
         ) from exc
     views = []

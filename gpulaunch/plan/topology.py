@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulaunch.errors import GpulaunchError, UsageError
+from gpulaunch.errors import UnavailableError, UsageError
+from gpulaunch.numberlist import parse_number_list
 
 SYSFS = Path("/sys")
 
@@ -37,19 +38,10 @@ class CpuBind(enum.StrEnum):
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
     """A kernel CPU list ("0-3,8,10-11", "" for none) as sorted CPU numbers."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part.strip())
-        if not m:
-            raise ValueError(f"bad CPU list {text.strip()!r}")
-        lower = int(m.group(1))
-        upper = int(m.group(2)) if m.group(2) is not None else lower
-        if upper < lower:
-            raise ValueError(f"bad CPU list {text.strip()!r}")
-        cpus.update(range(lower, upper + 1))
-    return tuple(sorted(cpus))
+    try:
+        return tuple(sorted(set(parse_number_list(text, "CPU number", skip_empty=True))))
+    except ValueError as exc:
+        raise ValueError(f"bad CPU list {text.strip()!r}: {exc}") from None
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:
@@ -130,7 +122,7 @@ def read_topology(sysfs: Path = SYSFS) -> CpuTopology:
     try:
         online = parse_cpu_list((cpu_dir / "online").read_text())
     except (OSError, ValueError) as exc:
-        raise GpulaunchError(
+        raise UnavailableError(
             f"cannot read this machine's online CPUs from {cpu_dir / 'online'}: {exc}",
             "leave out --cpus-per-rank and --cpu-bind",
         ) from exc

@@ -16,6 +16,7 @@ from dbus_fast import Variant
 from dbus_fast.introspection import Node
 from dbus_fast.validators import is_bus_name_valid, is_object_path_valid
 
+from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.publisher import (
     FINISHED_SIGNATURE,
@@ -284,3 +285,13 @@ def test_marker_split_across_reads_is_held_back() -> None:
     marker = b"\0gpulaunch-started\n"
     assert _tail_overlap(b"text\0gpulaunch-st", marker) == len(b"\0gpulaunch-st")
     assert _tail_overlap(b"text", marker) == 0
+
+
+def test_records_without_journalctl_is_the_machines_problem(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No journalctl on PATH: exit 69 with what to install, never an internal error."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(UnavailableError, match="journalctl not found") as exc:
+        record.query(["MESSAGE_ID=x"], 1)
+    assert exc.value.exit_code == 69

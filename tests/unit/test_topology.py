@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.errors import GpulaunchError, UsageError
+from gpulaunch.errors import GpulaunchError, UnavailableError, UsageError
 from gpulaunch.plan.topology import (
     CpuBind,
     CpuTopology,
@@ -263,3 +263,10 @@ def test_sets_never_overlap() -> None:
 
 def test_fake_machine_siblings_helper() -> None:
     assert smt2_siblings(2) == {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}
+
+
+def test_unreadable_online_cpus_is_the_machines_problem_not_a_bug(tmp_path: Path) -> None:
+    """Exit 69 (something this machine lacks), never 70 (internal error)."""
+    with pytest.raises(UnavailableError, match="cannot read this machine's online CPUs") as exc:
+        read_topology(tmp_path / "sys")
+    assert exc.value.exit_code == 69
