@@ -35,7 +35,9 @@ def test_failing_rank_stops_the_others(job: Job) -> None:
     ended = time.time()
     assert res.returncode == 7, res.stderr
     failed_at = float((job.dir / "rank2.failed").read_text())
-    assert ended - failed_at < 2.0
+    # The others sleep 60 s: ending long before that means they were stopped (the
+    # bound leaves room for a loaded 2-CPU machine; bench/ measures the real time).
+    assert failed_at < ended < failed_at + 30
     report = res.stderr.splitlines()
     headline = next(i for i, line in enumerate(report) if "failed: rank 2 exit 7" in line)
     # the cause line comes first in the table, the others were stopped by the watcher
