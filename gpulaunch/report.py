@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
 from gpulaunch.multinode.protocol import Layout
 
@@ -52,6 +54,15 @@ def _how(result: RankResult, report: JobReport) -> str:
     return "exited"
 
 
+def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    """Rows as left-aligned columns two spaces apart (the first row is the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
 def format_report(report: JobReport) -> str:
     """The per-rank table, the cause rank first."""
     rows = [("rank", "unit", "pid", "exit", "how", "runtime")]
@@ -67,7 +78,6 @@ def format_report(report: JobReport) -> str:
                 format_duration(r.exit.runtime) if r.exit else "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [headline(report)]
     if report.layout is not None:
         lines.append("  " + nodes_line(report.layout))
@@ -75,10 +85,7 @@ def format_report(report: JobReport) -> str:
         if failure is not None and failure.node != report.layout.node_rank:
             if report.cause is not Cause.NODE_FAILED:  # e.g. this node was interrupted
                 lines.append(f"  the job's first failure: {failure.describe()}")
-    lines += [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    lines += format_table(rows, indent="  ").splitlines()
     if report.restarts:
         lines.append(
             f"gpulaunch: the ranks were restarted {report.restarts} time(s) (--max-restarts)"

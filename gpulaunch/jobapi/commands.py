@@ -13,18 +13,18 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from gpulaunch.errors import JobLostError, NoSystemdError, UnknownJobError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
-from gpulaunch.report import format_report, nodes_line
+from gpulaunch.report import format_report, format_table, nodes_line
 from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
-    from gpulaunch.jobapi.client import JobClient, Outcome
+    from gpulaunch.jobapi.client import JobClient, WaitResult
 
 T = TypeVar("T")
 RECENT = 20  # records `list --all` shows by default
@@ -46,7 +46,7 @@ def _unknown(job: str, manager: Manager) -> UnknownJobError:
     )
 
 
-def _ended_view(job: str, manager: Manager, outcome: Outcome) -> JobView:
+def _ended_view(job: str, manager: Manager, outcome: WaitResult) -> JobView:
     """The final view: from the signal, else the record; errors if there is neither."""
     if outcome.final is not None:
         return outcome.final
@@ -86,7 +86,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 _when(v.ended_at) if v.ended_at else "-",
             )
         )
-    print(_table(rows))
+    print(format_table(rows))
     return 0
 
 
@@ -145,13 +145,6 @@ def _when(usec: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(usec / 1e6))
 
 
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
-
-
 def _live(view: JobView) -> str:
     head = (
         f"gpulaunch: job {view.job}: {view.state.value}, {len(view.ranks)} ranks in {view.slice} "
@@ -178,4 +171,4 @@ def _live(view: JobView) -> str:
         lines.append("  " + nodes_line(view.layout))
     if view.node_failure is not None:
         lines.append(f"  the job's first failure: {view.node_failure.describe()}")
-    return "\n".join(lines + ["  " + line for line in _table(rows).splitlines()])
+    return "\n".join(lines + ["  " + line for line in format_table(rows).splitlines()])

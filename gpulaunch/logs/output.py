@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpulaunch.numberlist import parse_number_list
+
 CHUNK = 65536
 MAX_LINE = 1 << 20  # a longer line without newline is shown in pieces of this size
 BACKLOG_PAUSE = 64 << 20  # stop reading rank pipes above this much unwritten terminal output
@@ -340,20 +342,10 @@ class Output:
 
 def parse_ranks(text: str) -> frozenset[int]:
     """`0`, `0,3`, `0-3,8` -> a set of ranks (like torchrun's --local-ranks-filter, plus ranges)."""
-    ranks: set[int] = set()
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise ValueError(f"not a rank or range: {part!r}")
-        first, last = int(low), int(high or low)
-        if last < first:
-            raise ValueError(f"empty range: {part!r}")
-        ranks.update(range(first, last + 1))
+    ranks = frozenset(parse_number_list(text, "rank", skip_empty=True))
     if not ranks:
         raise ValueError("no ranks given")
-    return frozenset(ranks)
+    return ranks
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

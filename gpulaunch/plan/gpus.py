@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpulaunch.errors import UsageError
+from gpulaunch.numberlist import parse_number_list
 from gpulaunch.plan.topology import SYSFS, normalize_pci_address, pci_numa_node
 
 NVIDIA_MAJOR = 195  # the NVIDIA driver's character major (Documentation/admin-guide/devices.txt)
@@ -212,16 +213,8 @@ def visible_pool(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> tuple
 def parse_gpu_list(text: str) -> tuple[int, ...]:
     """`--gpus`: "0,2,3" or "0-3" (positions in the pool), in the order given."""
     out: list[int] = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
-        if not m:
-            raise ValueError(f"{part.strip()!r} is not a GPU number or range")
-        lower = int(m.group(1))
-        upper = int(m.group(2)) if m.group(2) is not None else lower
-        if upper < lower:
-            raise ValueError(f"range {part.strip()!r} is backwards")
-        for index in range(lower, upper + 1):
-            if index in out:
-                raise ValueError(f"GPU {index} is named twice")
-            out.append(index)
+    for index in parse_number_list(text, "GPU number"):
+        if index in out:
+            raise ValueError(f"GPU {index} is named twice")
+        out.append(index)
     return tuple(out)
