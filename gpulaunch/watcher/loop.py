@@ -22,9 +22,8 @@ import signal
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
@@ -36,11 +35,7 @@ from gpulaunch.model import (
     JobSpec,
     Phase,
     RankExit,
-    RankProgress,
-    RankResult,
-    RankSpec,
     RankState,
-    check_transition,
     job_outcome,
 )
 from gpulaunch.multinode.othernodes import OtherNodes
@@ -50,60 +45,12 @@ from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
 from gpulaunch.watcher.interrupts import pending
-from gpulaunch.watcher.procs import HeldChild, fork_held, kill_held, reap, spawn_held
+from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
+from gpulaunch.watcher.outcome import job_report
+from gpulaunch.watcher.procs import fork_held, kill_held, reap, spawn_held
+from gpulaunch.watcher.ranks import Rank
 
 T = TypeVar("T")
-
-
-@dataclass
-class Rank:
-    """The live record of one rank; only the watcher's loop changes it."""
-
-    spec: RankSpec
-    state: RankState = RankState.PENDING
-    child: HeldChild | None = None
-    pump: HeldChild | None = None  # copies the rank's output to journald and to us
-    in_scope: bool = False  # systemd finished moving it (and its pump) into its scope
-    born_at: float = 0.0
-    stop_requested: bool = False
-    exit: RankExit | None = None
-
-    def advance(self, new: RankState) -> None:
-        check_transition(self.state, new)
-        self.state = new
-
-    def progress(self) -> RankProgress:
-        return RankProgress(
-            rank=self.spec.rank,
-            local_rank=self.spec.local_rank,
-            unit=self.spec.unit,
-            state=self.state,
-            pid=self.child.pid if self.child is not None else None,
-            stop_requested=self.stop_requested,
-            exit=self.exit,
-        )
-
-
-class Observer(Protocol):
-    """Follows a job as it runs: the D-Bus publisher, the journal record, ...
-
-    Observers see the job only as immutable `JobProgress` snapshots, and may
-    ask for a graceful stop through the `stop` callback they are given.
-    """
-
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        """Called once, before anything starts; may add readers to the loop."""
-
-    def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
-        """A rank's state changed (`rank`), or (None) the job's phase."""
-
-    async def finished(self, job: JobProgress, report: JobReport) -> None:
-        """The job ended; awaited (with a bound) before the watcher returns."""
-
-
-FINISH_TIMEOUT = 2.0  # how long observers may take to publish the end of a job
 
 
 class Watcher:
@@ -533,33 +480,17 @@ class Watcher:
         return (tail, "the last lines of its stderr") if tail else (None, None)
 
     def report(self) -> JobReport:
-        elsewhere = self.nodes.elsewhere if self.nodes is not None else None
-        outcome = job_outcome(self._exits(), self.interrupt, elsewhere)
-        error = self.start_error
-        results = []
-        for r in self.ranks:
-            text, source = (
-                self._rank_error(r.spec.rank) if r.spec.rank == outcome.cause_rank else (None, None)
-            )
-            results.append(
-                RankResult(
-                    rank=r.spec.rank,
-                    unit=r.spec.unit,
-                    pid=r.child.pid if r.child is not None else None,
-                    exit=r.exit,
-                    error=text,
-                    error_source=source,
-                )
-            )
-        return JobReport(
-            job=self.spec.job,
-            status=outcome.status if error is None else error.exit_code,
-            cause=outcome.cause if error is None else Cause.START_FAILED,
-            cause_rank=outcome.cause_rank,
-            interrupt_signal=self.interrupt[1] if self.interrupt else None,
-            ranks=tuple(results),
-            error=None if error is None else error.message,
+        return job_report(
+            self.spec,
+            self.ranks,
+            job_outcome(
+                self._exits(),
+                self.interrupt,
+                self.nodes.elsewhere if self.nodes is not None else None,
+            ),
+            interrupt=self.interrupt,
+            start_error=self.start_error,
             restarts=self.attempt,
-            layout=self.spec.layout,
             node_failure=self.node_failure,
+            rank_error=self._rank_error,
         )

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""The module map of gpulaunch/: every module, its size, what it imports, the longest chain.
+
+    python3 scripts/modmap.py            # the map, then the longest import chain
+    python3 scripts/modmap.py --chain    # only the longest chain and its length
+
+Imports are read from the source (every `import` / `from ... import`, also those
+inside functions), so the numbers do not depend on what happens to be installed.
+tests/unit/test_layout.py holds the limits (docs/architecture.md says why).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gpulaunch"
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports (a package's __init__ counts as a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for target in targets:
+            if target in known and target != name:
+                found.add(target)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def longest_chain(edges: dict[str, set[str]]) -> list[str]:
+    """The longest path of imports (the graph has no cycles; a cycle raises RecursionError)."""
+
+    @functools.cache
+    def longest(name: str) -> tuple[str, ...]:
+        best: tuple[str, ...] = ()
+        for dep in sorted(edges[name]):
+            chain = longest(dep)
+            if len(chain) > len(best):
+                best = chain
+        return (name, *best)
+
+    return list(max((longest(n) for n in sorted(edges)), key=len))
+
+
+def main(argv: list[str]) -> int:
+    edges = graph()
+    chain = longest_chain(edges)
+    if "--chain" not in argv:
+        mods = modules()
+        for name in sorted(mods):
+            lines = len(mods[name].read_text().splitlines())
+            deps = ", ".join(sorted(d.removeprefix("gpulaunch.") for d in edges[name]))
+            print(f"{name:40} {lines:4}  {deps}")
+        print()
+    print(f"longest import chain: {len(chain)} modules")
+    print("  " + " -> ".join(chain))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,69 @@
+"""The shape of the package (docs/architecture.md): folders by feature, short import chains.
+
+`python3 scripts/modmap.py` prints the map these tests measure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("modmap", ROOT / "scripts" / "modmap.py")
+assert _spec is not None and _spec.loader is not None
+modmap = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(modmap)
+
+MAX_CHAIN = 8
+MAX_LINES = 500
+# The codec is a settings table plus its parser: one job, not worth splitting.
+LONGER = {"gpulaunch.units.codec"}
+
+
+def test_the_longest_import_chain_is_short() -> None:
+    chain = modmap.longest_chain(modmap.graph())
+    assert len(chain) <= MAX_CHAIN, " -> ".join(chain)
+
+
+def test_no_module_grew_past_its_size() -> None:
+    sizes = {n: len(p.read_text().splitlines()) for n, p in modmap.modules().items()}
+    assert {n: s for n, s in sizes.items() if s > MAX_LINES and n not in LONGER} == {}
+
+
+def test_the_flat_package_holds_only_what_the_whole_program_shares() -> None:
+    top = sorted(p.name for p in (ROOT / "gpulaunch").glob("*.py"))
+    assert top == [
+        "__init__.py",
+        "__main__.py",
+        "cli.py",
+        "errors.py",
+        "model.py",
+        "numberlist.py",
+        "report.py",
+        "start.py",
+    ]
+
+
+def loaded_by(module: str) -> set[str]:
+    code = f"import sys, {module}; print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    return set(out.split())
+
+
+def test_clients_load_nothing_of_the_runtime() -> None:
+    """`gpulaunch status/list/wait/stop` read jobs without the watcher or pystemd."""
+    for client in ("gpulaunch.jobapi.client", "gpulaunch.jobapi.commands"):
+        loaded = loaded_by(client)
+        runtime = {m for m in loaded if m.startswith(("gpulaunch.watcher", "gpulaunch.supervisor"))}
+        assert runtime == set() and "pystemd" not in loaded, (client, runtime)
+        assert "gpulaunch.jobapi.publisher" not in loaded
+
+
+def test_the_read_side_does_not_know_the_watcher() -> None:
+    for name, deps in modmap.graph().items():
+        if name.startswith("gpulaunch.jobapi"):
+            assert not any(d.startswith("gpulaunch.watcher") for d in deps), (name, deps)
