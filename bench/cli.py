@@ -1,6 +1,6 @@
 """`python -m bench [--quick] [--only N[,N...]] [--reps N] [--out DIR]`.
 
-Runs the scenarios of issue 8 under gpulaunch and under `torchrun --standalone` (and
+Runs the scenarios of bench/scenarios/ under gpulaunch and under `torchrun --standalone` (and
 scenario 7, three nodes on loopback, under both launchers' multi-node options) and
 writes `<out>/<date>.md` and `<date>.json` (full run: bench/results/; --quick:
 bench/.scratch/, a smoke test that asserts no timing). Where the host runs no

@@ -250,7 +250,7 @@ def job_outcome(
     interrupt: tuple[float, int] | None = None,
     elsewhere: tuple[float, int] | None = None,
 ) -> Outcome:
-    """Apply DESIGN.md's exit-status rules.
+    """Apply the exit-status rules (README, "Exit status").
 
     `interrupt` is (monotonic time, signal number) of the first SIGINT/SIGTERM/
     SIGHUP the watcher received, if any. The earliest of the first rank failure

@@ -2,7 +2,7 @@
 
 The box is systemd booted as PID 1 of fresh mount/pid/cgroup/uts/ipc namespaces, on
 an overlay of the host's root with fresh tmpfs on /run, /tmp and /var/log/journal.
-Recipe and pitfalls: notes/systemd-in-a-box.md. One change from that recipe: the box
+Recipe and pitfalls: sdbox/README.md. One change from that recipe: the box
 gets a /dev of its own (a tmpfs with the host's nodes bound in, as systemd-nspawn
 does) instead of the host's, because systemd writes into /dev (sdbox/inner.sh).
 """

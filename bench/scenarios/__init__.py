@@ -1,4 +1,4 @@
-"""The scenarios, in order: 1-6 of issue 8, then 7 (multi-node); each returns its metrics (rows)."""
+"""The scenarios, in order: 1-6 on one node, then 7 (several nodes); each returns its rows."""
 
 from __future__ import annotations
 

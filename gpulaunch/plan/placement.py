@@ -11,7 +11,7 @@ node plus the driver's shared nodes. `DevicePolicy=closed` itself already allows
 the pseudo devices every process needs: /dev/null, /dev/zero, /dev/full,
 /dev/random, /dev/urandom, /dev/tty, /dev/ptmx and the ptys (char-pts); /dev/shm
 is a file system and needs no rule. The device cgroup is enforced only for the
-system manager (notes/systemd-facts.md); a user manager accepts the rules and
+system manager (docs/architecture.md); a user manager accepts the rules and
 enforces none of them.
 """
 
@@ -34,7 +34,7 @@ from gpulaunch.plan.gpus import (
 from gpulaunch.plan.topology import CpuBind, CpuTopology, plan_cpus, read_topology
 from gpulaunch.units.values import InvalidValue, parse_permyriad, parse_size
 
-# Every isolated rank may open these besides its own GPU (notes/systemd-facts.md).
+# Every isolated rank may open these besides its own GPU (docs/architecture.md).
 SHARED_NVIDIA_DEVICES: tuple[tuple[str, str], ...] = (
     (f"/dev/char/{NVIDIA_MAJOR}:{NVIDIACTL_MINOR}", "rw"),  # /dev/nvidiactl
     (f"/dev/char/{NVIDIA_MAJOR}:{NVIDIA_MODESET_MINOR}", "rw"),  # /dev/nvidia-modeset

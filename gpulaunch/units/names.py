@@ -54,7 +54,7 @@ def validate_job_id(job: str) -> str | None:
 
 @dataclass(frozen=True)
 class UnitNames:
-    """The names of every unit of one job (DESIGN.md, "The shape")."""
+    """The names of every unit of one job (docs/architecture.md, "The units of a job")."""
 
     job: str
     component: str

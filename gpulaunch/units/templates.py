@@ -1,7 +1,7 @@
 """Unit templates: where they are found, how they are rendered, what they become.
 
 The slice and scope units of a job are jinja2 templates in unit-file syntax
-(DESIGN.md, "Templates are the source of truth for units"). `Templates` finds
+(docs/architecture.md, "The units of a job"). `Templates` finds
 them, renders one per unit with a strict environment and turns the text into
 typed D-Bus properties with `gpulaunch.units.codec`. `gpulaunch render` prints the
 rendered text.

@@ -1,4 +1,4 @@
-"""DESIGN.md's exit-status rules, as a table."""
+"""The exit-status rules (README, "Exit status"), as a table."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ def test_snapshots(tmp_path: Path) -> None:
 
 
 def test_rank_scope_guarantees(tmp_path: Path) -> None:
-    """What DESIGN.md and notes/systemd-facts.md rely on, independent of the snapshot."""
+    """What docs/architecture.md relies on, independent of the snapshot."""
     rank = empty_templates(tmp_path).render(
         "rank.scope", "gpulaunch-demo-rank2.scope", rank_context(2)
     )
