@@ -20,6 +20,7 @@ Exit codes (also in the README):
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -48,9 +49,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _positive_float(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value):
+        # A stop that never escalates to SIGKILL would leave ranks behind (units/guarantees.py).
+        raise argparse.ArgumentTypeError(f"not a finite number of seconds: {text!r}")
+    return value
 
 
 def _nproc(text: str) -> int | str:

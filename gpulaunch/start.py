@@ -22,7 +22,8 @@ from gpulaunch.multinode.protocol import Layout
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import format_report
-from gpulaunch.units.job import JobUnits, render_units
+from gpulaunch.units.definitions import JobUnits
+from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
 from gpulaunch.watcher.interrupts import install_wakeup

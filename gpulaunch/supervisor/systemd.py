@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from gpulaunch.errors import JobExistsError, SystemdError
 from gpulaunch.supervisor import SupervisorEvents, Watch
 from gpulaunch.supervisor.systemd_api import SystemdAPI
-from gpulaunch.units.job import JobUnits
-from gpulaunch.units.templates import UnitDefinition
+from gpulaunch.units.definitions import JobUnits, UnitDefinition
 
 
 class SystemdSupervisor:

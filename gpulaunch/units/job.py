@@ -7,26 +7,11 @@ context; this module fills them in from a `JobSpec`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from gpulaunch.model import JobSpec, RankSpec
-from gpulaunch.units.templates import Templates, UnitDefinition
+from gpulaunch.units.definitions import JobUnits, UnitDefinition
+from gpulaunch.units.templates import Templates
 from gpulaunch.units.variables import JobVars, RankVars
-
-
-@dataclass(frozen=True)
-class JobUnits:
-    """The rendered definitions of every unit of one job."""
-
-    job: str
-    job_slice: UnitDefinition
-    ranks_slice: UnitDefinition
-    watcher: UnitDefinition
-    ranks: tuple[UnitDefinition, ...]  # in the spec's rank order
-
-    def all(self) -> Sequence[UnitDefinition]:
-        return (self.job_slice, self.watcher, self.ranks_slice, *self.ranks)
 
 
 def job_vars(spec: JobSpec, unit: str) -> JobVars:

@@ -11,8 +11,20 @@ own, so an override directory may hold just `rank.scope`):
 
 1. the `--units-dir` directories, in the order given;
 2. `/etc/gpulaunch/units/`;
-3. `$XDG_CONFIG_HOME/gpulaunch/units/` (default `~/.config/gpulaunch/units/`);
-4. the built-in templates: gpulaunch/units/templates/, package data.
+3. `$XDG_CONFIG_HOME/gpulaunch/units/` (default `~/.config/gpulaunch/units/`), but
+   never for root: `$HOME` and `$XDG_CONFIG_HOME` may name another user's directory
+   (`sudo -E`), so root reads only the directories it names itself and `/etc`;
+4. the built-in templates, `gpulaunch/units/templates/` (package data).
+
+Trust. Templates are rendered in jinja2's sandbox (`ImmutableSandboxedEnvironment`):
+no attributes starting with `_`, no calls to unsafe functions, no changes to the
+variables; a template that tries gets a `TemplateError` naming its line. A template
+outside the built-in directory is read only if nobody but the invoking user and root
+can change it or any directory above it (`gpulaunch.units.trust`), and an existing
+search directory that others can change is refused even when the file is elsewhere.
+A rendered unit that would defeat the job's guarantees (`KillMode=none`, `Slice=`
+outside the job, `BindsTo=` removed, ...) is refused with the reason
+(`gpulaunch.units.guarantees`).
 
 Template context: the fields of `JobVars` (every template) and `RankVars`
 (`rank.scope`), typed and documented in gpulaunch/units/variables.py. None
@@ -39,30 +51,23 @@ from __future__ import annotations
 import math
 import os
 import types
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import jinja2
+import jinja2.sandbox
 
 from gpulaunch.errors import TemplateError, UnitFileError
-from gpulaunch.units.codec import Property, parse_unit
+from gpulaunch.units.codec import parse_unit
+from gpulaunch.units.definitions import UnitDefinition
+from gpulaunch.units.guarantees import JobUnitNames, check_unit
+from gpulaunch.units.trust import check_trusted, read_trusted
 from gpulaunch.units.variables import context_hint
 
 TEMPLATE_NAMES = ("job.slice", "ranks.slice", "watcher.scope", "rank.scope")
 SYSTEM_DIR = Path("/etc/gpulaunch/units")
 
 _CONTEXT_HINT = context_hint()
-
-
-@dataclass(frozen=True)
-class UnitDefinition:
-    """One rendered unit: what `gpulaunch render` prints and what systemd is asked to create."""
-
-    name: str
-    template: Path
-    text: str
-    properties: tuple[Property, ...]
 
 
 def builtin_dir() -> Path:
@@ -153,6 +158,45 @@ def _in_template(exc: UnitFileError, path: Path, unit_name: str) -> UnitFileErro
     )
 
 
+class _TrustedLoader(jinja2.BaseLoader):
+    """Like jinja2's FileSystemLoader over `search_path`, reading only trusted files.
+
+    Every directory but `builtin` is checked (`gpulaunch.units.trust`) when it exists, and
+    a file found there is checked and read by `read_trusted`.
+    """
+
+    def __init__(self, search_path: Sequence[Path], builtin: Path, uid: int) -> None:
+        self.search_path = tuple(search_path)
+        self.builtin = builtin
+        self.uid = uid
+        self._checked: set[Path] = set()
+
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str, Callable[[], bool]]:
+        pieces = jinja2.loaders.split_template_path(template)  # refuses "..": no escape
+        for directory in self.search_path:
+            path = directory.joinpath(*pieces)
+            try:
+                if directory == self.builtin:
+                    if path.is_file():
+                        return path.read_text(encoding="utf-8"), str(path), lambda: True
+                    continue
+                if not directory.is_dir():
+                    continue
+                if directory not in self._checked:
+                    check_trusted(directory, self.uid, f"templates in {directory}")
+                    self._checked.add(directory)
+                if path.is_file():
+                    return read_trusted(path, self.uid), str(path), lambda: True
+            except OSError as exc:
+                raise TemplateError(
+                    f"cannot read templates in {directory}: {exc.strerror}",
+                    "check the permissions of the directory and the ones above it",
+                ) from None
+        raise jinja2.TemplateNotFound(template)
+
+
 def _finalize(value: object) -> object:
     """Applied to every `{{ ... }}`: a value must not be None or break a line."""
     if value is None:
@@ -160,6 +204,15 @@ def _finalize(value: object) -> object:
     if isinstance(value, str) and any(c in value for c in "\n\r"):
         raise ValueError(f"{value!r} contains a line break; use the systemd_text filter")
     return value
+
+
+def _unit_names(context: Mapping[str, object]) -> JobUnitNames:
+    """The job's unit names the templates were given (what the guarantees are checked by)."""
+    return JobUnitNames(
+        job_slice=str(context["job_slice"]),
+        ranks_slice=str(context["ranks_slice"]),
+        watcher_scope=str(context["watcher_scope"]),
+    )
 
 
 class Templates:
@@ -172,16 +225,22 @@ class Templates:
         environ: Mapping[str, str] | None = None,
         system_dir: Path = SYSTEM_DIR,
         builtin: Path | None = None,
+        uid: int | None = None,
     ) -> None:
-        """`environ` (for XDG_CONFIG_HOME and HOME) defaults to os.environ."""
+        """`environ` (for XDG_CONFIG_HOME and HOME) defaults to os.environ, `uid` (the
+        invoking user: whose templates are trusted, and root gets no user directory) to
+        the effective uid."""
+        uid = os.geteuid() if uid is None else uid
+        builtin = builtin_dir() if builtin is None else builtin
+        user = () if uid == 0 else (user_dir(os.environ if environ is None else environ),)
         self.search_path: tuple[Path, ...] = (
             *(Path(d) for d in override_dirs),
             system_dir,
-            user_dir(os.environ if environ is None else environ),
-            builtin_dir() if builtin is None else builtin,
+            *user,
+            builtin,
         )
-        self._env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader([str(d) for d in self.search_path]),
+        self._env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            loader=_TrustedLoader(self.search_path, builtin, uid),
             undefined=jinja2.StrictUndefined,
             autoescape=False,
             keep_trailing_newline=True,
@@ -223,9 +282,14 @@ class Templates:
                 raise
             what = exc.message if isinstance(exc, jinja2.TemplateError) else str(exc)
             what = " ".join((what or type(exc).__name__).split())
-            raise TemplateError(f"{where[0]}:{where[1]}: {what}", _CONTEXT_HINT) from exc
+            hint = _CONTEXT_HINT
+            if isinstance(exc, jinja2.exceptions.SecurityError):
+                what = f"refused by the sandbox: {what}"
+                hint = "templates may use their variables and filters, nothing of Python's"
+            raise TemplateError(f"{where[0]}:{where[1]}: {what}", hint) from exc
         try:
             properties = parse_unit(text, unit_type, str(path))
+            check_unit(template, properties, text, str(path), _unit_names(context))
         except UnitFileError as exc:
             raise _in_template(exc, path, unit_name) from exc
         return UnitDefinition(name=unit_name, template=path, text=text, properties=properties)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.errors import TemplateError, UnitFileError
-from gpulaunch.units.codec import INFINITY, Property
+from gpulaunch.units.codec import Property
 from gpulaunch.units.templates import (
     TEMPLATE_NAMES,
     Templates,
@@ -30,6 +30,8 @@ from gpulaunch.units.templates import (
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1"
 REPO_UNITS = Path(__file__).parents[2] / "gpulaunch" / "units" / "templates"
+# An ordinary invoking user whose files these are (as root: files are root's, trusted anyway).
+ORDINARY = os.geteuid() or 65534
 
 JOB = "demo"
 COMMON: dict[str, object] = {
@@ -233,20 +235,38 @@ def marker_template(marker: str) -> str:
     return f"[Unit]\nDescription={marker}\n[Slice]\n"
 
 
+# The least a scope template must set (gpulaunch/units/guarantees.py).
+MINIMAL_SCOPES = {
+    "rank.scope": (
+        "BindsTo={{ watcher_scope }}\nAfter={{ watcher_scope }}\nCollectMode=inactive-or-failed\n"
+        "[Scope]\nSlice={{ ranks_slice }}\n"
+    ),
+    "watcher.scope": (
+        "PropagatesStopTo={{ job_slice }}\nCollectMode=inactive-or-failed\n"
+        "[Scope]\nSlice={{ job_slice }}\n"
+    ),
+}
+
+
+def marker_scope(template: str, marker: str) -> str:
+    return f"[Unit]\nDescription={marker}\n{MINIMAL_SCOPES[template]}"
+
+
 def test_search_order(tmp_path: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     system, config, builtin = tmp_path / "etc", tmp_path / "config", tmp_path / "builtin"
     for directory in (first, second, system, config / "gpulaunch" / "units", builtin):
         write(directory, "ranks.slice", marker_template(directory.name))
     write(second, "job.slice", marker_template("second"))
-    write(system, "watcher.scope", "[Unit]\nDescription=etc\n[Scope]\n")
-    write(config / "gpulaunch" / "units", "rank.scope", "[Unit]\nDescription=config\n[Scope]\n")
-    write(builtin, "rank.scope", "[Unit]\nDescription=builtin\n[Scope]\n")
+    write(system, "watcher.scope", marker_scope("watcher.scope", "etc"))
+    write(config / "gpulaunch" / "units", "rank.scope", marker_scope("rank.scope", "config"))
+    write(builtin, "rank.scope", marker_scope("rank.scope", "builtin"))
     templates = Templates(
         [first, second],
         system_dir=system,
         environ={"XDG_CONFIG_HOME": str(config)},
         builtin=builtin,
+        uid=ORDINARY,
     )
     assert templates.search_path == (first, second, system, config / "gpulaunch" / "units", builtin)
 
@@ -265,7 +285,7 @@ def test_user_directory_without_xdg_config_home(tmp_path: Path) -> None:
     user = home / ".config" / "gpulaunch" / "units"
     path = write(user, "job.slice", marker_template("home"))
     for environ in ({"HOME": str(home)}, {"HOME": str(home), "XDG_CONFIG_HOME": "relative"}):
-        templates = Templates(system_dir=tmp_path / "etc", environ=environ)
+        templates = Templates(system_dir=tmp_path / "etc", environ=environ, uid=ORDINARY)
         assert templates.search_path[-2] == user
         assert templates.find("job.slice") == path
         assert templates.find("rank.scope") == REPO_UNITS / "rank.scope"
@@ -404,5 +424,5 @@ def test_timespan_round_trips_through_the_codec(tmp_path: Path) -> None:
         rank = empty_templates(tmp_path).render("rank.scope", "x.scope", context)
         assert by_name(rank.properties)["TimeoutStopUSec"] == round(grace * 1_000_000)
     context = {**rank_context(0), "grace_sec": float("inf")}
-    rank = empty_templates(tmp_path).render("rank.scope", "x.scope", context)
-    assert by_name(rank.properties)["TimeoutStopUSec"] == INFINITY
+    with pytest.raises(UnitFileError, match="TimeoutStopSec=infinity waits forever"):
+        empty_templates(tmp_path).render("rank.scope", "x.scope", context)

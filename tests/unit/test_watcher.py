@@ -20,9 +20,8 @@ from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.supervisor.systemd_api import JobDone
 from gpulaunch.units.codec import Property
-from gpulaunch.units.job import JobUnits
+from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.names import UnitNames
-from gpulaunch.units.templates import UnitDefinition
 from gpulaunch.watcher.loop import Watcher
 
 
