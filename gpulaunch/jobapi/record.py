@@ -4,19 +4,10 @@ Written with the journal's native protocol (a datagram of `FIELD=value` lines
 to journald's socket; a sealed memfd when it is too big for a datagram,
 systemd's "Native Journal Protocol"), read back with `journalctl -o json`.
 Every record carries `MESSAGE_ID=` `MESSAGE_ID` (README, "Job API"), so
-`journalctl MESSAGE_ID=<id>` lists every job that ended, and:
-
-  GPULAUNCH_JOB, GPULAUNCH_SLICE, GPULAUNCH_MANAGER   which job
-  GPULAUNCH_STATE       succeeded or failed
-  GPULAUNCH_STATUS      what `gpulaunch start` exits with
-  GPULAUNCH_CAUSE       succeeded, rank-failed, interrupted, start-failed
-  GPULAUNCH_CAUSE_RANK  the rank that failed first (absent if none)
-  GPULAUNCH_WORLD_SIZE, GPULAUNCH_WATCHER_PID
-  GPULAUNCH_RANKS       JSON: a list of objects with the fields of `RankView`
-  GPULAUNCH_CAUSE_ERROR the cause rank's traceback (@record error file) or last
-                        stderr lines; GPULAUNCH_CAUSE_ERROR_SOURCE says which
-  GPULAUNCH_RESTARTS    how many times the ranks were restarted (absent if none)
-  GPULAUNCH_ERROR       why the job could not start (absent otherwise)
+`journalctl MESSAGE_ID=<id>` lists every job that ended. docs/dbus.md, "The
+journal record", lists the fields; `fields` below writes them and `parse`
+reads them back, both from a `JobView` (gpulaunch/jobapi/view.py), the one
+shape a job has on the bus, in the record and in `gpulaunch status`.
 
 `_UID` (set by journald, not by us) tells whose job it was.
 """
