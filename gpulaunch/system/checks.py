@@ -311,7 +311,8 @@ def cgroups(machine: Machine) -> Iterable[Finding]:
             fix = (
                 f"delegate it: Delegate={controller} in a drop-in for user@.service, or run as root"
                 if machine.manager is Manager.USER
-                else f"enable the {controller} controller in the kernel"
+                else f"in a container, have its host delegate {controller} to it; on a host, "
+                f"enable {controller} in the kernel"
             )
             yield Finding(
                 "cgroups",

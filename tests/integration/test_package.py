@@ -169,6 +169,18 @@ def test_a_pip_installed_gpulaunch_from_first_job_to_doctor(box: Box, dist: Path
     (warning,) = warnings(first.stderr)
     assert "job API" in warning and warning.endswith("sudo gpulaunch setup"), warning
 
+    # An ordinary user with a user manager: the same package runs a job of theirs.
+    run(box, "useradd", "--create-home", "glpkg")
+    uid = run(box, "id", "-u", "glpkg").stdout.strip()
+    run(box, "systemctl", "start", f"user@{uid}.service")
+    user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--init-groups", "env",
+            "HOME=/home/glpkg", f"XDG_RUNTIME_DIR=/run/user/{uid}"]  # fmt: skip
+    theirs = run(box, *user, *in_work(GL, "start", "--nproc", "2", "train.py"))
+    assert "rank 1 of 2 says hello" in theirs.stdout + theirs.stderr
+    assert warnings(theirs.stderr) == [], theirs.stderr
+    their_doctor = run(box, *user, GL, "doctor", "--json").stdout
+    assert json.loads(their_doctor)["can_run"] is True, their_doctor
+
     # setup installs the policy from the package, says so, and is idempotent.
     done = run(box, GL, "setup")
     assert f"gpulaunch setup: installed {POLICY}" in done.stdout, done.stdout
