@@ -36,6 +36,7 @@ from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
+from gpulaunch.system import add_parsers as add_system_parsers
 
 INTERNAL_ERROR = 70
 
@@ -411,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_torchrun_options(render)
     render.set_defaults(func=cmd_render)
     _add_job_commands(sub)
+    add_system_parsers(parser, sub, _add_manager_options)
     return parser
 
 

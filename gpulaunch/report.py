@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
 from gpulaunch.multinode.protocol import Layout
 
-JOURNALD_DROP_IN = "packaging/journald/60-gpulaunch.conf"
+# Installs gpulaunch/data/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
+JOURNALD_FIX = "sudo gpulaunch setup --journald --restart-journald"
 
 
 def headline(report: JobReport) -> str:
@@ -104,7 +105,6 @@ def format_report(report: JobReport) -> str:
         lines.append(
             f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "
             f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); the live view and "
-            f"--log-dir have all of them. To keep every line in the journal, install "
-            f"{JOURNALD_DROP_IN} into /etc/systemd/journald.conf.d/ and restart systemd-journald"
+            f"--log-dir have all of them. To keep every line in the journal: {JOURNALD_FIX}"
         )
     return "\n".join(lines)

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
     libsystemd-dev pkg-config gcc python3-dev python3-venv  # pystemd's build
     systemd dbus dbus-user-session util-linux procps        # the throwaway systemd box
+    man-db groff-base bash-completion                       # tests of the man page, completions
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -36,11 +37,7 @@ fi
 # would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
-# gpulaunch's D-Bus policy: the watcher of a system job (root) may own
-# io.gpulaunch.job.*, and anyone may read jobs (docs/dbus.md). dbus-daemon
-# notices the new file by itself.
-POLICY=/etc/dbus-1/system.d/io.gpulaunch.conf
-if ! cmp -s packaging/dbus/io.gpulaunch.conf "$POLICY"; then
-    echo "setup: installing $POLICY" >&2
-    install -D -m 0644 packaging/dbus/io.gpulaunch.conf "$POLICY"
-fi
+# The system side, from the package itself: gpulaunch's D-Bus policy, so that the
+# watcher of a system job (root) may own io.gpulaunch.job.* and anyone may read
+# jobs (docs/dbus.md). Idempotent; it says what it changed.
+.venv/bin/gpulaunch setup

@@ -9,7 +9,7 @@ serves one object, `/io/gpulaunch/job/<label>`, with interface
 
 The object is served by one message handler rather than dbus-fast's
 `ServiceInterface`: its introspection data is the XML shipped in
-`packaging/dbus/` (one source of truth), and `Stop` needs the caller's
+`gpulaunch/data/dbus/` (one source of truth), and `Stop` needs the caller's
 credentials, which `ServiceInterface` methods never see.
 """
 
@@ -60,7 +60,7 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 
-# Signal signatures (packaging/dbus/io.gpulaunch.Job1.xml has their argument names).
+# Signal signatures (gpulaunch/data/dbus/io.gpulaunch.Job1.xml has their argument names).
 RANK_EXITED_SIGNATURE = "isiibi"
 FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
 
@@ -99,10 +99,8 @@ _STANDARD_INTERFACES = """\
 
 
 def packaging_dir() -> Path:
-    """`packaging/dbus` inside the installed package (a wheel), else in the repository."""
-    package = Path(__file__).resolve().parents[1]  # gpulaunch/
-    packaged = package / "packaging" / "dbus"
-    return packaged if packaged.is_dir() else package.parent / "packaging" / "dbus"
+    """`gpulaunch/data/dbus`: the D-Bus files the package ships (a wheel carries them)."""
+    return Path(__file__).resolve().parents[1] / "data" / "dbus"
 
 
 def interface_xml() -> str:
@@ -112,6 +110,10 @@ def interface_xml() -> str:
 
 POLICY_FILE = "io.gpulaunch.conf"
 POLICY_DIR = Path("/etc/dbus-1/system.d")
+
+
+class PolicyMissingError(AccessDeniedError):
+    """The system bus lacks gpulaunch's policy: the job runs, unpublished (a warning)."""
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:
@@ -153,7 +155,10 @@ class JobPublisher:
         self._sent = {
             name: value for name, (_, value) in JobView.of_progress(job).properties().items()
         }
-        self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
+        try:
+            self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
+        except PolicyMissingError as exc:  # the job runs; only its API is off
+            self._warn(f"{exc.message}; {exc.hint}")
 
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
         self._job = job
@@ -206,11 +211,11 @@ class JobPublisher:
         if exc.type != ACCESS_DENIED:
             return NoSystemdError(f"{where} refused to publish job {job!r}: {exc.text}")
         if manager is Manager.SYSTEM and os.geteuid() == 0:
-            policy = packaging_dir() / POLICY_FILE
-            return AccessDeniedError(
-                f"the system bus does not let gpulaunch publish job {job!r} (access denied): "
+            return PolicyMissingError(
+                f"job {job!r} runs without its job API (gpulaunch status, stop and wait do not "
+                "see it while it runs): the system bus does not let gpulaunch publish it, "
                 "gpulaunch's D-Bus policy is not installed",
-                f"install it: cp {policy} {POLICY_DIR}/ (bash scripts/setup.sh does)",
+                "turn it on: sudo gpulaunch setup",
             )
         if manager is Manager.SYSTEM:
             return AccessDeniedError(

@@ -38,6 +38,14 @@ def _conf_files(root: Path) -> list[Path]:
 
 def rate_limit_burst(root: Path = Path("/")) -> int | None:
     """journald's configured burst per unit, or None when rate limiting is off."""
+    burst, interval = rate_limit_settings(root)
+    if burst == 0 or interval.strip() in ("0", "0s", "0ms", "0us"):
+        return None
+    return burst
+
+
+def rate_limit_settings(root: Path = Path("/")) -> tuple[int, str]:
+    """journald's RateLimitBurst= and RateLimitIntervalSec= as configured (journald.conf(5))."""
     burst, interval = DEFAULT_BURST, "30s"
     for path in _conf_files(root):
         try:
@@ -55,9 +63,7 @@ def rate_limit_burst(root: Path = Path("/")) -> int | None:
                     burst = int(value)
                 elif key == "RateLimitIntervalSec":
                     interval = value
-    if burst == 0 or interval.strip() in ("0", "0s", "0ms", "0us"):
-        return None
-    return burst
+    return burst, interval
 
 
 def _journalctl(manager: Manager, args: Sequence[str]) -> list[str]:

@@ -17,8 +17,8 @@ BOX_TIMES = pytest.StashKey[dict[str, float]]()
 
 def box_files() -> dict[str, str]:
     """What setup installs into /etc for gpulaunch, written into a box before it boots."""
-    # gpulaunch's D-Bus policy, as scripts/setup.sh installs it (tests must not need setup).
-    policy = (REPO / "packaging" / "dbus" / "io.gpulaunch.conf").read_text()
+    # gpulaunch's D-Bus policy, as gpulaunch setup installs it (tests must not need setup).
+    policy = (REPO / "gpulaunch" / "data" / "dbus" / "io.gpulaunch.conf").read_text()
     return {"etc/dbus-1/system.d/io.gpulaunch.conf": policy}
 
 
@@ -32,7 +32,7 @@ def box(request: pytest.FixtureRequest) -> Iterator[Box | HostSystemd]:
         yield HostSystemd()
         return
     times = request.config.stash.setdefault(BOX_TIMES, {})
-    # gpulaunch's D-Bus policy, as scripts/setup.sh installs it (tests must not need setup).
+    # gpulaunch's D-Bus policy, as gpulaunch setup installs it (tests must not need setup).
     booted = Box(binds=[REPO], files=box_files())
     with booted:
         times["boot"] = booted.boot_seconds
