@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt
+
 CHUNK = 65536
 MAX_LINE = 1 << 20  # a longer line without newline is shown in pieces of this size
 BACKLOG_PAUSE = 64 << 20  # stop reading rank pipes above this much unwritten terminal output
@@ -128,7 +130,30 @@ TAIL_LINES = 20  # stderr lines kept per rank for the failure report
 class _LineBuffer:
     partial: bytearray = field(default_factory=bytearray)
     lines: int = 0
-    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # clipped
+    # A line longer than MAX_LINE is shown in pieces; for the tail, keep its start and
+    # the end so far, and count the bytes dropped between them.
+    long_start: bytes = b""
+    long_end: bytes = b""
+    long_dropped: int = 0
+
+    def remember(self, lines: list[bytes]) -> None:
+        """The last lines of a chunk (the first may end a long line), clipped for the tail."""
+        tail = [clip_line(line) for line in lines[-TAIL_LINES:]]
+        if self.long_start:
+            if len(lines) <= TAIL_LINES:
+                whole = self.long_start + self.long_end + lines[0]
+                tail[0] = clip_line(whole, self.long_dropped)
+            self.long_start, self.long_end, self.long_dropped = b"", b"", 0
+        self.tail.extend(tail)
+
+    def piece(self, piece: bytes) -> None:
+        """A piece of a line too long to hold, shown on its own."""
+        if not self.long_start:
+            self.long_start, piece = piece[:LINE_KEEP], piece[LINE_KEEP:]
+        end = self.long_end + piece
+        self.long_end = end[-LINE_KEEP:]
+        self.long_dropped += len(end) - len(self.long_end)
 
 
 class Output:
@@ -199,10 +224,9 @@ class Output:
         return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
 
     def stderr_tail(self, rank: int) -> str:
-        """The last lines a rank wrote to stderr (for the report of a failure)."""
+        """The last lines a rank wrote to stderr (for the report of a failure), bounded."""
         buf = self._buffers.get((rank, Stream.STDERR))
-        lines = [] if buf is None else list(buf.tail)
-        return "\n".join(line.decode("utf-8", "replace") for line in lines)
+        return "" if buf is None else excerpt(list(buf.tail))
 
     # -- reading ------------------------------------------------------------
 
@@ -233,13 +257,14 @@ class Output:
             lines = (bytes(buf.partial) + chunk[:cut]).split(b"\n")
             buf.partial = bytearray(chunk[cut + 1 :])
             buf.lines += len(lines)
-            buf.tail.extend(lines[-TAIL_LINES:])
+            buf.remember(lines)
             self._lines(rank, stream, lines)
         else:
             buf.partial += chunk
         while len(buf.partial) > MAX_LINE:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
+            buf.piece(piece)
             self._lines(rank, stream, [piece])
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
@@ -252,7 +277,7 @@ class Output:
             buf.lines += 1
             line = bytes(buf.partial)
             buf.partial.clear()
-            buf.tail.append(line)
+            buf.remember([line])
             self._lines(rank, stream, [line])
 
     # -- showing ------------------------------------------------------------
