@@ -33,7 +33,13 @@ from gpulaunch.errors import GpulaunchError, UsageError
 from gpulaunch.jobapi import commands as jobctl
 from gpulaunch.logs.journal import LogDrop, add_logs_parser, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
-from gpulaunch.logs.output import Output, OutputOptions, parse_ranks
+from gpulaunch.logs.output import (
+    LOG_DIR_HINT,
+    Output,
+    OutputOptions,
+    log_dir_problem,
+    parse_ranks,
+)
 from gpulaunch.model import JobSpec, Manager
 from gpulaunch.multinode.options import NodeOptions
 from gpulaunch.multinode.protocol import Layout
@@ -51,7 +57,7 @@ from gpulaunch.plan.spec import (
 )
 from gpulaunch.plan.topology import CpuBind
 from gpulaunch.report import format_report
-from gpulaunch.units.templates import Templates
+from gpulaunch.units.templates import Templates, units_dir_problem
 from gpulaunch.watcher.detach import Detached
 from gpulaunch.watcher.interrupts import install_wakeup
 
@@ -238,7 +244,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--units-dir",
         action="append",
-        type=Path,
+        type=_units_dir,
         default=[],
         metavar="DIR",
         help="look for unit templates here first (repeatable)",
@@ -291,6 +297,20 @@ def _rank_set(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0 or 0,3 or 0-3") from None
 
 
+def _log_dir(text: str) -> Path:
+    problem = log_dir_problem(Path(text))
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}; {LOG_DIR_HINT}")
+    return Path(text)
+
+
+def _units_dir(text: str) -> Path:
+    problem = units_dir_problem(Path(text))
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}; give a directory of unit templates")
+    return Path(text)
+
+
 def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ranks",
@@ -306,7 +326,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         "--quiet", "-q", action="store_true", help="show no rank output live, only the report"
     )
     p.add_argument(
-        "--log-dir", type=Path, metavar="DIR", help="also write each rank's output to DIR/rankN.log"
+        "--log-dir",
+        type=_log_dir,
+        metavar="DIR",
+        help="also write each rank's output to DIR/rankN.log",
     )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpulaunch.errors import UsageError
 from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt
 
 CHUNK = 65536
@@ -181,7 +182,12 @@ class Output:
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
-            options.log_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                options.log_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot create --log-dir {options.log_dir}: {exc.strerror}", LOG_DIR_HINT
+                ) from None
 
     def place_node(self, first_rank: int, world_size: int) -> None:
         """Several nodes: this node's ranks start at `first_rank` of `world_size`.
@@ -361,6 +367,24 @@ class Output:
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+
+
+LOG_DIR_HINT = "give a directory you can write to, or one that can be created"
+
+
+def log_dir_problem(path: Path) -> str | None:
+    """Why `--log-dir path` cannot hold the rank logs, or None: checked before anything starts."""
+    if os.path.lexists(path) and not path.exists():
+        return f"{path} is a symbolic link to nothing"
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "write to" if existing == path.absolute() else f"create {path} in"
+        return f"cannot {what} {existing}"
+    return None
 
 
 def parse_ranks(text: str) -> frozenset[int]:
