@@ -1,26 +1,11 @@
 """`gpulaunch` command line: the only place that turns errors into messages and exit codes.
 
-Exit codes (also in the README):
-  0..255  `start`, `wait`: the job's status (0, the cause rank's exit code, 128+N
-          for signal N; 130/143/129 when the watcher was interrupted)
-  2       bad command line or input (unknown option, missing script, ...)
-  3       unknown job
-  68      a multi-node job could not join its other nodes (the rendezvous failed)
-  69      something this machine must provide is missing (a systemd manager, journalctl, ...)
-  70      internal error (a bug: rerun with --debug and report it)
-  71      systemd, or a job's watcher on the bus, refused or failed an operation
-  73      a job with this id is already running
-  75      multi-node: the job stopped because another node was lost (its watcher died,
-          it stopped answering, or the store it served went away)
-  76      the job's watcher went away without saying how the job ended (`wait`, `stop`)
-  77      permission denied by systemd or the bus
-  78      bad unit template or setting
+Exit codes: gpulaunch/errors.py (and the README).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import traceback
@@ -29,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpulaunch.errors import GpulaunchError, UsageError
-from gpulaunch.logs.output import OutputOptions, parse_ranks
+from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
 from gpulaunch.model import Manager
 from gpulaunch.multinode.options import NodeOptions
 from gpulaunch.plan.gpus import parse_gpu_list
@@ -37,6 +22,7 @@ from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
 from gpulaunch.system import add_parsers as add_system_parsers
+from gpulaunch.units.templates import units_dir_problem
 
 INTERNAL_ERROR = 70
 
@@ -48,15 +34,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, f"see '{self.prog} --help'")
 
 
-def _positive_float(text: str) -> float:
+def _seconds(text: str) -> float:
+    """A number; plan/spec.py's check_grace says which are too small, too big or not finite."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value):
-        # A stop that never escalates to SIGKILL would leave ranks behind (units/guarantees.py).
-        raise argparse.ArgumentTypeError(f"not a finite number of seconds: {text!r}")
-    return value
 
 
 def _nproc(text: str) -> int | str:
@@ -241,7 +224,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--grace",
-        type=_positive_float,
+        type=_seconds,
         default=10.0,
         metavar="SECONDS",
         help="time between SIGTERM and SIGKILL when ranks are stopped (default: 10)",
@@ -257,7 +240,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--units-dir",
         action="append",
-        type=Path,
+        type=_units_dir,
         default=[],
         metavar="DIR",
         help="look for unit templates here first (repeatable)",
@@ -310,6 +293,20 @@ def _rank_set(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0 or 0,3 or 0-3") from None
 
 
+def _log_dir(text: str) -> Path:
+    problem = log_dir_problem(Path(text))
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}; {LOG_DIR_HINT}")
+    return Path(text)
+
+
+def _units_dir(text: str) -> Path:
+    problem = units_dir_problem(Path(text))
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}; give a directory of unit templates")
+    return Path(text)
+
+
 def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ranks",
@@ -325,7 +322,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         "--quiet", "-q", action="store_true", help="show no rank output live, only the report"
     )
     p.add_argument(
-        "--log-dir", type=Path, metavar="DIR", help="also write each rank's output to DIR/rankN.log"
+        "--log-dir",
+        type=_log_dir,
+        metavar="DIR",
+        help="also write each rank's output to DIR/rankN.log",
     )
 
 

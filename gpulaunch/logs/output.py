@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpulaunch.errors import UsageError
+from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt
 from gpulaunch.numberlist import parse_number_list
 
 CHUNK = 65536
@@ -130,7 +132,30 @@ TAIL_LINES = 20  # stderr lines kept per rank for the failure report
 class _LineBuffer:
     partial: bytearray = field(default_factory=bytearray)
     lines: int = 0
-    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # clipped
+    # A line longer than MAX_LINE is shown in pieces; for the tail, keep its start and
+    # the end so far, and count the bytes dropped between them.
+    long_start: bytes = b""
+    long_end: bytes = b""
+    long_dropped: int = 0
+
+    def remember(self, lines: list[bytes]) -> None:
+        """The last lines of a chunk (the first may end a long line), clipped for the tail."""
+        tail = [clip_line(line) for line in lines[-TAIL_LINES:]]
+        if self.long_start:
+            if len(lines) <= TAIL_LINES:
+                whole = self.long_start + self.long_end + lines[0]
+                tail[0] = clip_line(whole, self.long_dropped)
+            self.long_start, self.long_end, self.long_dropped = b"", b"", 0
+        self.tail.extend(tail)
+
+    def piece(self, piece: bytes) -> None:
+        """A piece of a line too long to hold, shown on its own."""
+        if not self.long_start:
+            self.long_start, piece = piece[:LINE_KEEP], piece[LINE_KEEP:]
+        end = self.long_end + piece
+        self.long_end = end[-LINE_KEEP:]
+        self.long_dropped += len(end) - len(self.long_end)
 
 
 class Output:
@@ -158,7 +183,12 @@ class Output:
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
-            options.log_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                options.log_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot create --log-dir {options.log_dir}: {exc.strerror}", LOG_DIR_HINT
+                ) from None
 
     def place_node(self, first_rank: int, world_size: int) -> None:
         """Several nodes: this node's ranks start at `first_rank` of `world_size`.
@@ -201,10 +231,9 @@ class Output:
         return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
 
     def stderr_tail(self, rank: int) -> str:
-        """The last lines a rank wrote to stderr (for the report of a failure)."""
+        """The last lines a rank wrote to stderr (for the report of a failure), bounded."""
         buf = self._buffers.get((rank, Stream.STDERR))
-        lines = [] if buf is None else list(buf.tail)
-        return "\n".join(line.decode("utf-8", "replace") for line in lines)
+        return "" if buf is None else excerpt(list(buf.tail))
 
     # -- reading ------------------------------------------------------------
 
@@ -235,13 +264,14 @@ class Output:
             lines = (bytes(buf.partial) + chunk[:cut]).split(b"\n")
             buf.partial = bytearray(chunk[cut + 1 :])
             buf.lines += len(lines)
-            buf.tail.extend(lines[-TAIL_LINES:])
+            buf.remember(lines)
             self._lines(rank, stream, lines)
         else:
             buf.partial += chunk
         while len(buf.partial) > MAX_LINE:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
+            buf.piece(piece)
             self._lines(rank, stream, [piece])
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
@@ -254,7 +284,7 @@ class Output:
             buf.lines += 1
             line = bytes(buf.partial)
             buf.partial.clear()
-            buf.tail.append(line)
+            buf.remember([line])
             self._lines(rank, stream, [line])
 
     # -- showing ------------------------------------------------------------
@@ -338,6 +368,24 @@ class Output:
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+
+
+LOG_DIR_HINT = "give a directory you can write to, or one that can be created"
+
+
+def log_dir_problem(path: Path) -> str | None:
+    """Why `--log-dir path` cannot hold the rank logs, or None: checked before anything starts."""
+    if os.path.lexists(path) and not path.exists():
+        return f"{path} is a symbolic link to nothing"
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "write to" if existing == path.absolute() else f"create {path} in"
+        return f"cannot {what} {existing}"
+    return None
 
 
 def parse_ranks(text: str) -> frozenset[int]:
