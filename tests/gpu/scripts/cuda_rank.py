@@ -1,8 +1,8 @@
 """A rank for the GPU checks: CUDA through the driver's own library, torch only if asked.
 
 Modes (`--mode`):
-- `probe`: open each `--open` path (and `--fake-minor N` as a node made in a private
-  tmpfs) and record the errno, then initialise CUDA and allocate `--alloc-mib` MiB
+- `probe`: open each `--open` path and record the errno (0: opened), then initialise
+  CUDA and allocate `--alloc-mib` MiB
   through libcuda (the driver API, no torch needed); record what happened; exit 0.
 - `hold`: allocate through libcuda, write `rank<N>.ready`, then sleep until stopped;
   SIGUSR1 makes the rank fail (exit 3), as a crashing rank would.
@@ -23,20 +23,9 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
-
-NVIDIA_MAJOR = 195
-OPEN_PROBE = (
-    "import os, sys\n"
-    "try:\n"
-    "    os.close(os.open(sys.argv[1], os.O_RDWR))\n"
-    "    print(0)\n"
-    "except OSError as e:\n"
-    "    print(e.errno)\n"
-)
 
 
 def open_errno(path: str) -> int:
@@ -47,41 +36,6 @@ def open_errno(path: str) -> int:
     except OSError as exc:
         return exc.errno
     return 0
-
-
-def fake_minor_errno(minor: int) -> int:
-    """Open 195:<minor> through a node made in a private tmpfs (root; never in /dev).
-
-    The child stays in this process's cgroup, so the device rules that apply are ours.
-    """
-    where = f"/tmp/gpulaunch-fake-minor-{os.getpid()}"
-    script = (
-        f"mkdir -p {where} && mount -t tmpfs -o mode=0700 fakegpu {where} && "
-        f"mknod {where}/nvidia{minor} c {NVIDIA_MAJOR} {minor} && "
-        f'exec "$0" -c "$1" {where}/nvidia{minor}'
-    )
-    res = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            sys.executable,
-            OPEN_PROBE,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    try:
-        os.rmdir(where)
-    except OSError:
-        pass
-    if res.returncode != 0 or not res.stdout.strip().isdigit():
-        raise RuntimeError(f"could not make a node for minor {minor}: {res.stderr.strip()}")
-    return int(res.stdout.strip())
 
 
 class Cuda:
@@ -169,7 +123,6 @@ def main() -> None:
     p.add_argument("--dir", required=True)
     p.add_argument("--mode", choices=["probe", "hold", "allreduce"], required=True)
     p.add_argument("--open", default="", help="comma-separated device paths to open")
-    p.add_argument("--fake-minor", type=int, default=None)
     p.add_argument("--alloc-mib", type=int, default=256)
     p.add_argument("--fail-rank", type=int, default=None)
     p.add_argument("--outside", action="store_true", help="not under gpulaunch: rank 'outside'")
@@ -190,8 +143,6 @@ def main() -> None:
     }
     if args.mode == "probe":
         report["opened"] = {path: open_errno(path) for path in args.open.split(",") if path}
-        if args.fake_minor is not None:
-            report["fake_minor"] = fake_minor_errno(args.fake_minor)
         report.update(cuda_report(args.alloc_mib))
         write(report)
         return
