@@ -72,6 +72,7 @@ class Watcher:
         self.spec = spec
         self.supervisor = supervisor
         self.wakeup_fd = wakeup_fd
+        os.set_blocking(wakeup_fd, False)  # read between forks too, not only when readable
         self.clock = clock
         self.on_created = on_created  # called once the job's units exist
         self.phase = Phase.STARTING
@@ -281,6 +282,7 @@ class Watcher:
         the move, so that is later than the call.
         """
         for index, rank in enumerate(self.ranks):
+            self._on_signal()  # a big job: hear a SIGTERM between two forks, not after the last
             if self.interrupt is not None or self.stop_issued:
                 return
             self._fork_rank(rank)
