@@ -251,7 +251,7 @@ def test_volume_without_drop_in_reports_drops(job: Job) -> None:
     for n, rank, written in dropped:
         assert int(written) == LINES
         assert journal_count(job, job.names.rank_scope(int(rank))) == LINES - int(n)
-    assert "60-gpulaunch.conf" in res.stderr
+    assert "gpulaunch setup --journald" in res.stderr
 
 
 def test_volume_with_drop_in_keeps_everything(drop_in_job: Job) -> None:

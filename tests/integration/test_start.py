@@ -315,7 +315,8 @@ def test_no_systemd_reachable(job: Job) -> None:
         job.argv("--nproc", "2", "--system"), cwd=str(REPO), capture_output=True, text=True, env=env
     )
     assert res.returncode == 69, res.stderr
-    assert "cannot reach the systemd system manager" in res.stderr and "sdbox" in res.stderr
+    assert "cannot reach the systemd system manager" in res.stderr
+    assert "needs a running systemd" in res.stderr
     assert "Traceback" not in res.stderr
     assert not job.pids()  # no rank was started
     assert_clean(job)
