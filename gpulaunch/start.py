@@ -53,9 +53,13 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.systemd import SystemdSupervisor
     from gpulaunch.supervisor.systemd_api import Systemd  # pystemd: only to run jobs
+    from gpulaunch.watcher.limits import check_job_fits
     from gpulaunch.watcher.loop import Watcher
+    from gpulaunch.watcher.nofile import raise_nofile
 
     spec, units = plan(opts)
+    needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big
+    raise_nofile(needs.fds)
     detached = Detached.fork() if detach else None
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher

@@ -336,31 +336,23 @@ def cgroups(machine: Machine) -> Iterable[Finding]:
 
 # -- file descriptors -----------------------------------------------------------
 
-# The watcher's fds: about BASE_FDS of its own, and per rank a pidfd, two pipes from the
-# rank and two streams to journald (gpulaunch/watcher, gpulaunch/logs/pump.py).
-BASE_FDS = 32
-FDS_PER_RANK = 5
+# The watcher's fds: gpulaunch/watcher/limits.py counts them. It raises its soft limit
+# to the hard one when a job needs it, so only the hard limit bounds a job.
 
 
 def ranks_allowed(limit: int) -> int:
-    return max(0, (limit - BASE_FDS) // FDS_PER_RANK)
+    from gpulaunch.watcher.limits import FDS_PER_RANK, WATCHER_BASE_FDS
+
+    return max(0, (limit - WATCHER_BASE_FDS) // FDS_PER_RANK)
 
 
 def fd_limits(machine: Machine) -> Iterable[Finding]:
     soft, hard = machine.nofile
-
-    def ranks(limit: int) -> str:
-        return (
-            "unlimited ranks"
-            if limit == resource.RLIM_INFINITY
-            else f"~{ranks_allowed(limit)} ranks"
-        )
-
-    detail = f"soft {soft} ({ranks(soft)}), hard {hard} ({ranks(hard)})"
-    status = (
-        Status.OK if soft == resource.RLIM_INFINITY or ranks_allowed(soft) >= 64 else Status.WARN
-    )
-    fix = "" if status is Status.OK else f"ulimit -n {hard} (the hard limit) before gpulaunch start"
+    unlimited = hard == resource.RLIM_INFINITY
+    allowed = "unlimited ranks" if unlimited else f"~{ranks_allowed(hard)} ranks"
+    detail = f"soft {soft}, hard {hard} ({allowed}; gpulaunch raises its soft limit to the hard)"
+    status = Status.OK if unlimited or ranks_allowed(hard) >= 64 else Status.WARN
+    fix = "" if status is Status.OK else "raise the hard limit (LimitNOFILE=, limits.conf)"
     yield Finding("limits", "open files", status, detail, fix)
 
 

@@ -31,6 +31,7 @@ def main() -> None:
     p.add_argument("--daemon", action="store_true", help="start a double-forked setsid daemon")
     p.add_argument("--print", action="store_true", help="print env and cgroup")
     p.add_argument("--spew", type=int, default=0, help="failing ranks: bytes to stderr, no newline")
+    p.add_argument("--nofile", action="store_true", help="print RLIMIT_NOFILE: rank N soft hard")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
 
@@ -57,6 +58,11 @@ def main() -> None:
         with open("/proc/self/cgroup") as f:
             cgroup = f.read().strip().splitlines()[-1]
         print(f"rank {rank} cgroup {cgroup}", flush=True)
+    if args.nofile:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        print(f"rank {rank} nofile {soft} {hard}", flush=True)
     open(os.path.join(args.dir, f"rank{rank}.ready"), "w").close()
     if rank in args.exit or rank in args.kill:
         time.sleep(args.fail_after)
