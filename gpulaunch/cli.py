@@ -50,7 +50,7 @@ from gpulaunch.plan.spec import (
     render_units,
 )
 from gpulaunch.plan.topology import CpuBind
-from gpulaunch.report import format_report
+from gpulaunch.report import count, format_report
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
 from gpulaunch.watcher.interrupts import install_wakeup
@@ -62,6 +62,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit code 2)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:") and "--debug" in message.split():
+            raise UsageError(
+                message, "--debug goes before the command: gpulaunch --debug start ..."
+            )
         raise UsageError(message, f"see '{self.prog} --help'")
 
 
@@ -310,13 +314,22 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+# For `start --help`: the module docstring's table, as the README has it.
+START_EXIT_CODES = "exit status:\n" + (__doc__ or "").partition("(also in the README):\n")[2]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpulaunch", description="Distributed PyTorch ranks supervised by systemd."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    start = sub.add_parser("start", help="run a job: one rank per process, each a systemd scope")
+    start = sub.add_parser(
+        "start",
+        help="run a job: one rank per process, each a systemd scope",
+        epilog=START_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_start_options(start)
     _add_torchrun_options(start)
     _add_output_options(start)
@@ -405,17 +418,6 @@ def cmd_start(args: argparse.Namespace) -> int:
             f"gpulaunch: warning: journald is not reachable ({journal_problem}); "
             "rank output goes to the terminal and --log-dir only"
         )
-    if omp_default_applies(os.environ, spec.nproc):
-        output.message(
-            "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's default) "
-            "so that the ranks do not overload the CPUs; set it yourself to tune it"
-        )
-    if spec.manager is Manager.USER and any(rank.device_allow for rank in spec.ranks):
-        output.message(
-            "gpulaunch: warning: a user manager does not enforce --gpu-isolation's device "
-            "rules: each rank sees only its GPU, but could still open the others; run as root "
-            "for enforced isolation"
-        )
     wakeup = install_wakeup()
     with ExitStack() as stack:
         peer = None
@@ -432,7 +434,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             output.place_node(spec.layout.first_rank, spec.world_size)
 
         def announce() -> None:
-            where = f"{spec.nproc} ranks in {spec.names.job_slice}"
+            where = f"{count(spec.nproc, 'rank')} in {spec.names.job_slice}"
             if spec.layout is not None:
                 first = spec.layout.first_rank
                 where = (
@@ -440,6 +442,19 @@ def cmd_start(args: argparse.Namespace) -> int:
                     f"{first + spec.nproc - 1} of {spec.world_size} in {spec.names.job_slice}"
                 )
             output.message(f"gpulaunch: job {spec.job}: {where}")
+            # warnings about a job that runs: not before its units exist (it may be refused)
+            if omp_default_applies(os.environ, spec.nproc):
+                output.message(
+                    "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's "
+                    "default) so that the ranks do not overload the CPUs; set it yourself to "
+                    "tune it"
+                )
+            if spec.manager is Manager.USER and any(rank.device_allow for rank in spec.ranks):
+                output.message(
+                    "gpulaunch: warning: a user manager does not enforce --gpu-isolation's device "
+                    "rules: each rank sees only its GPU, but could still open the others; run as "
+                    "root for enforced isolation"
+                )
             if detached is not None:
                 detached.started()
 
@@ -484,9 +499,10 @@ def journal_drops(spec: JobSpec, output: Output) -> tuple[LogDrop, ...]:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
-    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    debug = False  # a bad command line is never worth a traceback
     try:
         args = parser.parse_args(argv)
+        debug = bool(args.debug)
         code = int(args.func(args))
     except GpulaunchError as exc:
         if debug:

@@ -21,7 +21,7 @@ from gpulaunch.jobapi import record
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.options import add_manager_options, manager_of
-from gpulaunch.report import format_report, nodes_line
+from gpulaunch.report import count, format_report, nodes_line
 from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
@@ -196,7 +196,8 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def _live(view: JobView) -> str:
     head = (
-        f"gpulaunch: job {view.job}: {view.state.value}, {len(view.ranks)} ranks in {view.slice} "
+        f"gpulaunch: job {view.job}: {view.state.value}, {count(len(view.ranks), 'rank')} "
+        f"in {view.slice} "
         f"({view.manager} manager, watcher pid {view.watcher_pid}, uid {view.owner})"
     )
     rows = [("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")]
