@@ -7,7 +7,7 @@ Every record carries `MESSAGE_ID=` `MESSAGE_ID` (README, "Job API"), so
 `journalctl MESSAGE_ID=<id>` lists every job that ended, and:
 
   GPULAUNCH_JOB, GPULAUNCH_SLICE, GPULAUNCH_MANAGER   which job
-  GPULAUNCH_STATE       succeeded or failed
+  GPULAUNCH_STATE       succeeded, failed or stopped (view.JobState)
   GPULAUNCH_STATUS      what `gpulaunch start` exits with
   GPULAUNCH_CAUSE       succeeded, rank-failed, interrupted, start-failed
   GPULAUNCH_CAUSE_RANK  the rank that failed first (absent if none)
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.jobapi.view import JobState, JobView, RankView, node_from_wire, node_wire, ranks_json
-from gpulaunch.model import JobReport, Manager
+from gpulaunch.model import Cause, JobReport, Manager
 from gpulaunch.report import headline
 
 if TYPE_CHECKING:
@@ -51,13 +51,16 @@ _PREFIX = "GPULAUNCH_"
 
 # -- writing -------------------------------------------------------------------
 
+# info for a job that succeeded, notice for one someone stopped, err for a failure
+_PRIORITY = {JobState.SUCCEEDED: "6", JobState.STOPPED: "5", JobState.FAILED: "3"}
+
 
 def fields(view: JobView, message: str) -> list[tuple[str, str]]:
     """The journal fields of a finished job's record."""
     out = [
         ("MESSAGE_ID", MESSAGE_ID),
         ("MESSAGE", message),
-        ("PRIORITY", "6" if view.state is JobState.SUCCEEDED else "3"),
+        ("PRIORITY", _PRIORITY.get(view.state, "3")),
         ("SYSLOG_IDENTIFIER", "gpulaunch"),
         (_PREFIX + "JOB", view.job),
         (_PREFIX + "SLICE", view.slice),
@@ -168,6 +171,15 @@ def _int(entry: Mapping[str, Any], key: str, default: int = -1) -> int:
         return default
 
 
+def _state(entry: Mapping[str, Any]) -> JobState:
+    """The record's state; derived from its cause where it has one (older records
+    said `failed` for a job that was stopped)."""
+    cause, status = _text(entry.get(_PREFIX + "CAUSE")), _int(entry, _PREFIX + "STATUS")
+    if cause in set(Cause):
+        return JobState.of_cause(Cause(cause), status)
+    return JobState(_text(entry[_PREFIX + "STATE"]))
+
+
 def parse(entry: Mapping[str, Any]) -> JobView:
     """A record (one object of `journalctl -o json`) as a `JobView`; ValueError if malformed."""
     if _text(entry.get("MESSAGE_ID")) != MESSAGE_ID:
@@ -180,7 +192,7 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             manager=_text(entry.get(_PREFIX + "MANAGER")),
             owner=_int(entry, "_UID"),
             watcher_pid=_int(entry, _PREFIX + "WATCHER_PID", 0),
-            state=JobState(_text(entry[_PREFIX + "STATE"])),
+            state=_state(entry),
             world_size=_int(entry, _PREFIX + "WORLD_SIZE", len(ranks)),
             ranks=ranks,
             status=_int(entry, _PREFIX + "STATUS"),
