@@ -86,11 +86,21 @@ def _nproc(text: str) -> int | str:
 
 
 # torchrun options gpulaunch does not take, and what to do instead.
+# tests/unit/test_cli.py checks against torch.distributed.run's own parser that every
+# torchrun option is either taken or here.
 TORCHRUN_ONLY = {
-    ("--tee",): "every rank's output is shown live anyway: choose ranks with --ranks, "
+    ("-t", "--tee"): "every rank's output is shown live anyway: choose ranks with --ranks, "
     "write files with --log-dir",
-    ("--redirects",): "rank output always goes to the journal (gpulaunch logs JOB) and "
+    ("-r", "--redirects"): "rank output always goes to the journal (gpulaunch logs JOB) and "
     "the terminal; use --quiet or --log-dir",
+    ("--duplicate-stdout-filters", "--duplicate_stdout_filters"): "--log-dir writes every "
+    "rank's output to a file of its own; gpulaunch logs JOB --rank N reads one back",
+    ("--duplicate-stderr-filters", "--duplicate_stderr_filters"): "--log-dir writes every "
+    "rank's output to a file of its own; gpulaunch logs JOB --rank N reads one back",
+    ("--event-log-handler", "--event_log_handler"): "gpulaunch's events are on D-Bus and its "
+    "record in the journal (docs/dbus.md)",
+    ("--virtual-local-rank", "--virtual_local_rank"): "use --gpu-isolation: each rank sees "
+    "only its own GPU, as cuda:0",
     ("--monitor-interval", "--monitor_interval"): "gpulaunch has no polling interval: it "
     "sees every exit at once",
     ("--start-method", "--start_method"): "ranks are always forked and exec'd, each in "
@@ -232,6 +242,9 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--grace",
+        "--shutdown-timeout",
+        "--shutdown_timeout",
+        dest="grace",
         type=_positive_float,
         default=10.0,
         metavar="SECONDS",
@@ -310,7 +323,13 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         "--quiet", "-q", action="store_true", help="show no rank output live, only the report"
     )
     p.add_argument(
-        "--log-dir", type=Path, metavar="DIR", help="also write each rank's output to DIR/rankN.log"
+        "--log-dir",
+        "--log_dir",
+        dest="log_dir",
+        type=Path,
+        metavar="DIR",
+        help="also write each rank's output to DIR/rankN.log, stdout and stderr as they came "
+        "(not torchrun's DIR/<run id>/attempt_<n>/<rank>/{stdout,stderr}.log)",
     )
 
 
