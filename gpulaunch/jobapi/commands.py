@@ -88,7 +88,7 @@ def _unknown(job: str, manager: Manager) -> UnknownJobError:
     )
 
 
-def _ended_view(job: str, manager: Manager, outcome: Outcome) -> JobView:
+def ended_view(job: str, manager: Manager, outcome: Outcome) -> JobView:
     """The final view: from the signal, else the record; errors if there is neither."""
     if outcome.final is not None:
         return outcome.final
@@ -162,7 +162,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if outcome is None:
         print(f"gpulaunch: job {job} is stopping", file=sys.stderr)
         return 0
-    view = _ended_view(job, manager, outcome)
+    view = ended_view(job, manager, outcome)
     if not outcome.running:
         print(f"gpulaunch: job {job} is not running; it ended before", file=sys.stderr)
     print(format_report(view.report()), file=sys.stderr)
@@ -175,7 +175,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         outcome = _with_client(manager, lambda c: c.wait(args.job))
     except KeyboardInterrupt:
         return 130
-    view = _ended_view(args.job, manager, outcome)
+    view = ended_view(args.job, manager, outcome)
     print(format_report(view.report()), file=sys.stderr)
     return view.status
 
