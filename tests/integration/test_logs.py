@@ -318,3 +318,29 @@ def test_logs_follow_ends_when_the_job_ends(job: Job) -> None:
             follow.communicate()
     assert follow.returncode == 143, err
     assert f"job {job.id} stopped by SIGTERM (status 143)" in err
+
+
+def test_log_pumps_are_named_for_what_they_are(job: Job) -> None:
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300"])
+    try:
+        job.wait_file("rank1.ready")
+        for rank in range(2):
+            unit = job.names.rank_scope(rank)
+            status = job.box.run(
+                ["systemctl", "status", "--no-pager", "-l", unit], capture_output=True, text=True
+            ).stdout
+            assert f"gpulaunch: log pump, rank {rank}" in status, status
+            assert "gpulaunch start" not in status, status  # no second launcher in sight
+            cgroup = job.box.run(
+                ["systemctl", "show", "-P", "ControlGroup", unit], capture_output=True, text=True
+            ).stdout.strip()
+            pids = job.box.run(
+                ["cat", f"/sys/fs/cgroup{cgroup}/cgroup.procs"], capture_output=True, text=True
+            ).stdout.split()
+            comms = job.box.run(
+                ["ps", "-o", "comm=", "-p", ",".join(pids)], capture_output=True, text=True
+            ).stdout.split()
+            assert f"glpump-rank{rank}" in comms, comms
+    finally:
+        os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+        proc.communicate(timeout=60)
