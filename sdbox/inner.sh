@@ -1,6 +1,6 @@
 #!/bin/sh
 # PID 1 of the box's fresh namespaces (started by sdbox/box.py under `unshare`):
-# build the box's root, then become systemd. Recipe: notes/systemd-in-a-box.md.
+# build the box's root, then become systemd (how and why: sdbox/box.py's docstring).
 #
 # Usage: inner.sh STATE_DIR HOSTNAME [BIND...] -- SYSTEMD_ARGV...
 #   STATE_DIR/root/  files copied into the box's root before boot

@@ -198,7 +198,7 @@ def test_allowed_cpus_take_effect_where_cpuset_is_available(
         pytest.skip(
             f"the cgroup of {unit} has no cpuset controller (controllers: {controllers!r}): "
             f"systemd accepts AllowedCPUs={allowed} but the kernel cannot apply it. Expected in "
-            "the systemd box, which gets no cgroup controllers (notes/systemd-in-a-box.md)"
+            "the systemd box, which gets no cgroup controllers (see sdbox/box.py)"
         )
     want = set(int(c) for c in re.findall(r"\d+", allowed))
     effective = cgroup_file(job, unit, "cpuset.cpus.effective") or ""
@@ -217,7 +217,7 @@ def test_memory_max_takes_effect_where_memory_is_available(
         pytest.skip(
             f"the cgroup of {unit} has no memory controller (controllers: {controllers!r}): "
             "systemd accepts MemoryMax= but the kernel cannot apply it. Expected in the "
-            "systemd box, which gets no cgroup controllers (notes/systemd-in-a-box.md)"
+            "systemd box, which gets no cgroup controllers (see sdbox/box.py)"
         )
     assert cgroup_file(job, unit, "memory.max") == str(256 * 2**20)
 
