@@ -5,7 +5,7 @@
 # else a throwaway systemd in private namespaces (sdbox).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit
+bash scripts/setup.sh demo || exit  # gpulaunch and torch only
 
 cat <<'TXT' >&2
 
