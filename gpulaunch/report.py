@@ -11,10 +11,17 @@ from gpulaunch.multinode.protocol import Layout
 JOURNALD_FIX = "sudo gpulaunch setup --journald --restart-journald"
 
 
+def count(n: int, noun: str) -> str:
+    """`1 rank`, `4 ranks`, `1 time`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def headline(report: JobReport) -> str:
     """One line: what happened to the job and its status."""
     if report.cause is Cause.SUCCEEDED:
-        return f"gpulaunch: job {report.job} succeeded (all {len(report.ranks)} ranks exited 0)"
+        n = len(report.ranks)
+        ranks = "its rank exited 0" if n == 1 else f"all {n} ranks exited 0"
+        return f"gpulaunch: job {report.job} succeeded ({ranks})"
     if report.cause is Cause.INTERRUPTED:
         assert report.interrupt_signal is not None
         return (
@@ -89,7 +96,7 @@ def format_report(report: JobReport) -> str:
     lines += format_table(rows, indent="  ").splitlines()
     if report.restarts:
         lines.append(
-            f"gpulaunch: the ranks were restarted {report.restarts} time(s) (--max-restarts)"
+            f"gpulaunch: the ranks were restarted {count(report.restarts, 'time')} (--max-restarts)"
         )
     for r in report.ranks:
         if r.error:

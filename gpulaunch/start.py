@@ -21,7 +21,7 @@ from gpulaunch.model import JobSpec, Manager
 from gpulaunch.multinode.protocol import Layout
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
-from gpulaunch.report import format_report
+from gpulaunch.report import count, format_report
 from gpulaunch.units.definitions import JobUnits
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
@@ -71,7 +71,6 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
             f"gpulaunch: warning: journald is not reachable ({journal_problem}); "
             "rank output goes to the terminal and --log-dir only"
         )
-    _warn_about(spec, output)
     wakeup = install_wakeup()
     with ExitStack() as stack:
         peer = None
@@ -89,6 +88,8 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
 
         def announce() -> None:
             output.message(f"gpulaunch: job {spec.job}: {_where(spec)}")
+            # warnings about a job that runs: not before its units exist (it may be refused)
+            _warn_about(spec, output)
             if detached is not None:
                 detached.started()
 
@@ -127,7 +128,7 @@ def _warn_about(spec: JobSpec, output: Output) -> None:
 def _where(spec: JobSpec) -> str:
     """Where the job's ranks run, for the start line."""
     if spec.layout is None:
-        return f"{spec.nproc} ranks in {spec.names.job_slice}"
+        return f"{count(spec.nproc, 'rank')} in {spec.names.job_slice}"
     first = spec.layout.first_rank
     return (
         f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"

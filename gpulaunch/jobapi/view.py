@@ -87,22 +87,40 @@ def bus_title(manager: Manager) -> str:
 
 
 class JobState(enum.StrEnum):
-    """The job's life as the bus shows it."""
+    """The job's life, spelled the same in `list`, `status`, the record and the bus.
+
+    ::
+
+        starting -> running -> stopping -> succeeded | failed | stopped
+
+    `stopped`: someone stopped it (`gpulaunch stop`, Ctrl-C, a signal to the
+    watcher) before anything failed; `failed`: a rank or another node failed,
+    or it could not start.
+    """
 
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    STOPPED = "stopped"
 
     @property
     def ended(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED)
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+    @classmethod
+    def of_cause(cls, cause: Cause, status: int) -> JobState:
+        """How a job that ended with `cause` and `status` is called."""
+        if cause is Cause.SUCCEEDED and status == 0:
+            return cls.SUCCEEDED
+        if cause is Cause.INTERRUPTED:
+            return cls.STOPPED
+        return cls.FAILED
 
     @classmethod
     def of_report(cls, report: JobReport) -> JobState:
-        ok = report.cause is Cause.SUCCEEDED and report.status == 0
-        return cls.SUCCEEDED if ok else cls.FAILED
+        return cls.of_cause(report.cause, report.status)
 
 
 @dataclass(frozen=True)
@@ -157,7 +175,7 @@ class RankView:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> RankView:
-        return cls.from_wire([obj[f] for f in _RANK_FIELDS])
+        return cls.from_wire([_UNSET.get(f) if obj[f] is None else obj[f] for f in _RANK_FIELDS])
 
     @classmethod
     def of_progress(cls, rank: RankProgress) -> RankView:
@@ -421,5 +439,15 @@ def node_from_wire(wire: Sequence[Any]) -> NodeInfo:
     )
 
 
+# The bus's "not (yet) known" values of a rank; JSON says null instead.
+_UNSET: dict[str, Any] = {"pid": 0, "exit_code": -1, "signal": 0, "status": -1, "runtime": 0.0}
+
+
 def ranks_json(rank: RankView) -> dict[str, Any]:
-    return {f: getattr(rank, f) for f in _RANK_FIELDS}
+    """A rank as JSON: null where the bus has a placeholder (a running rank's exit)."""
+    out = {f: getattr(rank, f) for f in _RANK_FIELDS}
+    ended = rank.state in (RankState.EXITED, RankState.STOPPED)
+    for f, unset in _UNSET.items():
+        if out[f] == unset and (f == "pid" or not ended or f in ("exit_code", "signal")):
+            out[f] = None
+    return out

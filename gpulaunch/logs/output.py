@@ -3,8 +3,11 @@
 The watcher hands each rank's live pipes (copies made by the rank's log pump)
 to `Output`, which reads them on the watcher's loop. Lines are never mixed:
 each (rank, stream) has its own partial-line buffer and a line is written in
-one piece. Carriage-return updates (tqdm) are shown as one progress line that
-is redrawn in place on a terminal, and only in their final state otherwise.
+one piece. Carriage-return updates (tqdm) are shown on a terminal as a block of
+progress lines at the bottom, one per rank (and stream) drawing a bar, redrawn
+in place while the other output scrolls above it; a bar whose line ends leaves
+the block and is shown once, in its final state, like any line. Off a terminal
+only the final state is shown.
 
 Writing to a slow terminal must not stall the loop: terminal output is queued
 and written as the terminal accepts it; reading of the rank pipes pauses only
@@ -17,6 +20,7 @@ import asyncio
 import enum
 import errno
 import os
+import re
 import stat
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -34,6 +38,8 @@ BACKLOG_RESUME = 16 << 20
 
 _COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _CLEAR_LINE = b"\r\x1b[2K"
+_UP_AND_CLEAR = b"\x1b[1A\x1b[2K"
+_SGR = re.compile(rb"\x1b\[[0-9;]*m")
 
 
 class Stream(enum.StrEnum):
@@ -176,7 +182,11 @@ class Output:
         self._buffers: dict[tuple[int, Stream], _LineBuffer] = {}
         self._pipes: dict[int, tuple[int, Stream]] = {}
         self._files: dict[int, int] = {}
-        self._status: tuple[Terminal, bytes] | None = None  # the progress line on screen
+        # The progress block: (rank, stream) -> its bar's current text, and how many
+        # lines of it are on the screen (the cursor is at the end of its last line).
+        self._bars: dict[tuple[int, Stream], bytes] = {}
+        self._drawn = 0
+        self._screen = self.stderr if self.stderr.is_tty else self.stdout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused = False
         self._on_change: Callable[[], None] = lambda: None
@@ -259,6 +269,8 @@ class Output:
             os.write(self._files[rank], chunk)
         buf = self._buffers.setdefault((rank, stream), _LineBuffer())
         cut = chunk.rfind(b"\n")
+        if cut >= 0 and (rank, stream) in self._bars:
+            del self._bars[(rank, stream)]  # its line ended: shown above, in its final state
         if cut >= 0:
             # Every complete line at once: split and join run in C, not per line in Python.
             lines = (bytes(buf.partial) + chunk[:cut]).split(b"\n")
@@ -280,6 +292,7 @@ class Output:
     def eof(self, rank: int, stream: Stream) -> None:
         """The stream ended: show a last line that had no newline."""
         buf = self._buffers.setdefault((rank, stream), _LineBuffer())
+        self._bars.pop((rank, stream), None)
         if buf.partial:
             buf.lines += 1
             line = bytes(buf.partial)
@@ -310,28 +323,56 @@ class Output:
             # What a terminal would finally show of a line redrawn with carriage returns.
             lines = [line.rstrip(b"\r").rsplit(b"\r", 1)[-1] for line in lines]
             text = (b"\n" + prefix).join(lines)
-        self._clear_status()
-        self._terminal(stream).write(prefix + text + b"\n")
+        term = self._terminal(stream)
+        on_screen = term.is_tty and bool(self._drawn or self._bars)
+        if on_screen:
+            self._erase_bars()
+        term.write(prefix + text + b"\n")
+        if on_screen:
+            self._draw_bars()
 
     def _progress(self, rank: int, stream: Stream, partial: bytes) -> None:
-        term = self._terminal(stream)
-        if not self._shown(rank) or not term.is_tty:
+        if not self._shown(rank) or not self._terminal(stream).is_tty:
             return  # off a terminal, only the final state of the line is shown
         current = partial.rsplit(b"\r", 1)[-1] or partial.rstrip(b"\r").rsplit(b"\r", 1)[-1]
-        self._clear_status()
-        text = self._prefix(rank) + current
-        term.write(text)
-        self._status = (term, text)
+        self._erase_bars()
+        self._bars[(rank, stream)] = current
+        self._draw_bars()
 
-    def _clear_status(self) -> None:
-        if self._status is not None:
-            self._status[0].write(_CLEAR_LINE)
-            self._status = None
+    def _erase_bars(self) -> None:
+        """Take the progress block off the screen; the cursor ends where it began."""
+        if self._drawn:
+            self._screen.write(_CLEAR_LINE + _UP_AND_CLEAR * (self._drawn - 1))
+            self._drawn = 0
+
+    def _draw_bars(self) -> None:
+        """One line per bar, by rank, each cut to the terminal's width so that none wraps."""
+        if not self._bars:
+            return
+        try:
+            columns = os.get_terminal_size(self._screen.fd).columns
+        except OSError:
+            columns = 0  # not a real terminal (tests): nothing is cut
+        lines = []
+        for (rank, _), text in sorted(self._bars.items()):
+            prefix = self._prefix(rank)
+            if columns:
+                room = max(columns - len(_SGR.sub(b"", prefix)) - 1, 0)
+                shown = text.decode("utf-8", "replace")[:room].encode()
+            else:
+                shown = text
+            lines.append(prefix + shown)
+        self._screen.write(b"\n".join(lines))
+        self._drawn = len(lines)
 
     def message(self, text: str) -> None:
         """A line of gpulaunch's own (warnings, the report) on stderr, between rank lines."""
-        self._clear_status()
+        on_screen = self.stderr.is_tty and bool(self._drawn)
+        if on_screen:
+            self._erase_bars()
         self.stderr.write(text.encode() + b"\n")
+        if on_screen:
+            self._draw_bars()
 
     # -- backpressure -------------------------------------------------------
 
@@ -361,7 +402,7 @@ class Output:
                 self._loop.remove_reader(fd)
             os.close(fd)
         self._pipes.clear()
-        self._clear_status()
+        self._erase_bars()
         for term in (self.stdout, self.stderr):
             term.drain()
             term.close()

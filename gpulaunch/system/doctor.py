@@ -61,17 +61,3 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 ManagerOptions = Callable[[argparse.ArgumentParser, str], None]
-
-
-def add_parser(sub: argparse._SubParsersAction[Any], manager_options: ManagerOptions) -> None:
-    """`gpulaunch doctor`; `manager_options` adds the CLI's --system/--user."""
-    p = sub.add_parser(
-        "doctor",
-        help="what this machine gives gpulaunch and what it lacks, each with its fix",
-        description="Check this machine for gpulaunch: the supervisor a job would get, "
-        "systemd, user jobs, the job API's bus policy, journald's rate limit, cgroup "
-        "controllers, open-file limits and NVIDIA GPUs. Exit status 69 when a job cannot run.",
-    )
-    p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    manager_options(p, "check for jobs")
-    p.set_defaults(func=cmd_doctor)

@@ -147,32 +147,3 @@ def cmd_setup(args: argparse.Namespace) -> int:
                 "gpulaunch setup --journald --restart-journald (or reboot)"
             )
     return 0
-
-
-def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
-    """`gpulaunch setup`."""
-    p = sub.add_parser(
-        "setup",
-        help="install the system side (root): the D-Bus policy; --journald: the log rate limit",
-        description="Install what the system side of gpulaunch needs, from this package: "
-        "the D-Bus policy of the job API, and with --journald journald's rate-limit drop-in. "
-        "Idempotent; --uninstall removes it all.",
-    )
-    p.add_argument(
-        "--journald",
-        action="store_true",
-        help=f"also install {JOURNALD_DROP_IN.target}: journald keeps every rank's line",
-    )
-    p.add_argument(
-        "--restart-journald",
-        action="store_true",
-        help="restart systemd-journald so that the drop-in applies now (implies --journald)",
-    )
-    p.add_argument("--uninstall", action="store_true", help="remove what setup installed")
-    p.add_argument(
-        "--root",
-        type=Path,
-        metavar="DIR",
-        help="install under DIR instead of / (an image, a package); reloads nothing",
-    )
-    p.set_defaults(func=cmd_setup)

@@ -317,7 +317,9 @@ class Watcher:
             self._advance(rank, RankState.HELD)
             self._watch(rank.child.pidfd, self._exit_handler(rank))
             rank.pump = fork_held(
-                lambda: run_pump({"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target),
+                lambda: run_pump(
+                    {"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target, rank.spec.rank
+                ),
                 {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
                 ignore=IGNORED_SIGNALS,
             )

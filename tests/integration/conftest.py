@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sdbox import Box, HostSystemd, host_systemd_running
-from tests.integration.jobs import Job, new_job
+from tests.integration.jobs import SHARED, SHARED_ROOT, Job, new_job
 
 REPO = Path(__file__).resolve().parents[2]
 BOX_TIMES = pytest.StashKey[dict[str, float]]()
@@ -38,6 +38,17 @@ def box(request: pytest.FixtureRequest) -> Iterator[Box | HostSystemd]:
         times["boot"] = booted.boot_seconds
         yield booted
     times["teardown"] = booted.teardown_seconds
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_dir() -> Iterator[None]:
+    """The session's directory for pid files and outputs, gone when the session ends."""
+    yield
+    shutil.rmtree(SHARED, ignore_errors=True)
+    try:
+        SHARED_ROOT.rmdir()  # unless another session in this checkout still uses it
+    except OSError:
+        pass
 
 
 def pytest_terminal_summary(

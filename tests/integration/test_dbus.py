@@ -251,9 +251,9 @@ def test_signals_of_a_stopped_job(job: Job, subscriber: Subscriber) -> None:
         [1, "stopped", -1, 15, True, 143],
     ]
     state, status, cause, cause_rank, ranks = events[-1]["body"]
-    assert (state, status, cause, cause_rank) == ("failed", 143, "interrupted", -1)
+    assert (state, status, cause, cause_rank) == ("stopped", 143, "interrupted", -1)
     assert all(r["stopped"] for r in ranks_of(ranks).values())
-    assert states(events) == ["running", "stopping", "failed"]
+    assert states(events) == ["running", "stopping", "stopped"]
     assert_clean(job)
 
 
@@ -350,7 +350,7 @@ def test_owner_stops_a_user_job_on_the_session_bus(
     res = gl(job, "status", "--json", job.id, prefix=as_user)
     assert res.returncode == 0, res.stderr
     final = json.loads(res.stdout)
-    assert (final["state"], final["status"], final["cause"]) == ("failed", 143, "interrupted")
+    assert (final["state"], final["status"], final["cause"]) == ("stopped", 143, "interrupted")
 
 
 # -- the journal record ----------------------------------------------------------

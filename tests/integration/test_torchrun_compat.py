@@ -155,7 +155,7 @@ def test_max_restarts(job: Job) -> None:
     assert seen <= {"attempt0-rank0", "attempt0-rank1", "attempt1-rank0", "attempt1-rank1"}
     assert (job.dir / "attempt1-rank0").read_text() == "2"  # TORCHELASTIC_MAX_RESTARTS
     assert "restarting all ranks (restart 1 of 2)" in res.stderr
-    assert "restarted 1 time(s)" in res.stderr
+    assert "restarted 1 time (--max-restarts)" in res.stderr
 
 
 def test_record_traceback_in_the_report(job: Job) -> None:

@@ -71,3 +71,11 @@ def test_parse_entries_skips_systemd_messages_and_decodes_binary() -> None:
         (1, False, b"hi"),
         (12, True, b"\xff\n"),
     ]
+
+
+def test_logs_command_counts_rank_lines_and_shows_all_by_default() -> None:
+    argv = logs_command(Manager.SYSTEM, "j", follow=True)
+    assert argv[-1] == "_TRANSPORT=stdout"  # the ranks' streams, not systemd's messages
+    assert "--lines=all" in argv  # journalctl --follow alone would show the last 10
+    after = logs_command(Manager.SYSTEM, "j", lines=5, after_cursor="s=abc")
+    assert "--after-cursor=s=abc" in after and not any(a.startswith("--lines") for a in after)
