@@ -21,6 +21,7 @@ from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
+from gpulaunch.resources import USE, add_top_parser
 from gpulaunch.system import add_parsers as add_system_parsers
 from gpulaunch.units.templates import units_dir_problem
 
@@ -330,7 +331,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_job_commands(sub: Any) -> None:
-    """list, status, stop, wait (gpulaunch/jobapi/commands.py) and logs (logs/journal.py)."""
+    """list, status, stop, wait (gpulaunch/jobapi/commands.py), top (resources/top.py) and
+    logs (logs/journal.py)."""
     from gpulaunch.jobapi.commands import RECENT
 
     p = sub.add_parser("list", help="list running jobs (--all: and recently finished ones)")
@@ -352,7 +354,9 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument("job", metavar="JOB")
     _add_manager_options(p)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    p.add_argument("--resources", action="store_true", help="a running job: also " + USE)
     p.set_defaults(func=_command("jobapi.commands", "cmd_status"))
+    add_top_parser(sub, _add_manager_options, _command("resources.top", "cmd_top"))
 
     p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
     p.add_argument("job", metavar="JOB")

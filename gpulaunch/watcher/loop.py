@@ -42,6 +42,7 @@ from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
+from gpulaunch.resources.final import UsageReader
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
 from gpulaunch.watcher.interrupts import pending
@@ -92,6 +93,7 @@ class Watcher:
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
+        self.usage = UsageReader(spec)  # what each rank used, read as it ends
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
@@ -102,6 +104,7 @@ class Watcher:
         with ExitStack() as stack:
             stack.callback(self._aio.close)
             stack.callback(self._kill_and_reap_all)
+            stack.callback(self.usage.close)
             self._watch(self.wakeup_fd, self._on_signal)
             self.supervisor.attach(self._aio, self._watch, self)
             self.output.attach(self._aio, self._poke)
@@ -366,9 +369,7 @@ class Watcher:
             return
         for rank in self.ranks:
             if rank.state is RankState.HELD:
-                assert rank.child is not None and rank.pump is not None
-                rank.pump.release()
-                rank.child.release()
+                rank.release()
         now = self.clock()
         for rank in self.ranks:
             if rank.state is RankState.HELD:
@@ -389,7 +390,7 @@ class Watcher:
 
     def _on_exit(self, rank: Rank) -> None:
         assert rank.child is not None
-        status = reap(rank.child.pidfd)
+        status, used, oom = self.usage.reap(rank.child, rank.cgroup)
         now = self.clock()
         self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
@@ -400,6 +401,8 @@ class Watcher:
             observed_at=now,
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
+            usage=used,
+            oom=oom,
         )
         self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import resource
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,18 @@ def reap(pidfd: int) -> WaitStatus:
     return WaitStatus(
         code=None, signal=result.si_status, core_dumped=result.si_code == os.CLD_DUMPED
     )
+
+
+def reap_with_usage(child: HeldChild) -> tuple[WaitStatus, resource.struct_rusage]:
+    """Reap a child whose pidfd said it exited, with its rusage (`wait4`; `waitid` has none).
+
+    Only the parent reaps it and it has not been reaped, so its pid is still its own.
+    """
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return WaitStatus(code=None, signal=sig, core_dumped=os.WCOREDUMP(status)), usage
+    return WaitStatus(code=os.WEXITSTATUS(status), signal=None, core_dumped=False), usage
 
 
 def kill_held(child: HeldChild) -> None:
