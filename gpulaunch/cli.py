@@ -46,7 +46,7 @@ def _start_exit_codes() -> str:
 
 
 def _add_job_commands(sub: Any) -> None:
-    """list, status, stop, wait (gpulaunch/jobapi/commands.py) and logs (logs/journal.py)."""
+    """list, status, stop, wait (jobapi/commands.py), top (resources/), logs (logs/command.py)."""
     p = sub.add_parser("list", help="list running jobs (--all: and recently finished ones)")
     p.add_argument(
         "--all", "-a", action="store_true", help="also show jobs that ended (from the journal)"
@@ -66,7 +66,27 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument("job", metavar="JOB")
     add_manager_options(p)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    p.add_argument(
+        "--resources",
+        action="store_true",
+        help="a running job: also each rank's CPU, memory, processes, GPU and last output "
+        "(measured over 1 s)",
+    )
     p.set_defaults(func=_command("jobapi.commands", "cmd_status"))
+    p = sub.add_parser("top", help="running jobs' ranks live: CPU, memory, GPU, last output")
+    p.add_argument("job", metavar="JOB", nargs="?", help="only this job (default: every job)")
+    p.add_argument(
+        "--interval",
+        type=_interval,
+        default=2.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2; CPU %% is measured over it)",
+    )
+    p.add_argument(
+        "--once", action="store_true", help="print one table and exit (so does a non-terminal)"
+    )
+    add_manager_options(p)
+    p.set_defaults(func=_command("resources.top", "cmd_top"))
 
     p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
     p.add_argument("job", metavar="JOB")
@@ -97,6 +117,16 @@ def _add_job_commands(sub: Any) -> None:
     )
     add_manager_options(p, "logs")
     p.set_defaults(func=_command("logs.command", "cmd_logs"))
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"not between 0.1 and 3600 seconds: {text!r}")
+    return value
 
 
 def _add_system_commands(sub: Any) -> None:

@@ -108,12 +108,62 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def format_bytes(n: int) -> str:
+    """`11.8 GiB`, `300.0 MiB`, `512 B` (base 1024, as --memory-max reads them)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class OomKill:
+    """The kernel's OOM killer ended the rank (its own limit, the job's, or the machine's).
+
+    `memory` is what the rank's unit used when it was killed and `limit` its
+    `memory.max`, where known; `source` says which the finding came from
+    (the cgroup's `memory.events`, or the kernel log).
+    """
+
+    memory: int | None
+    limit: int | None
+    source: str
+
+    def describe(self) -> str:
+        """`killed by the OOM killer at 11.8 GiB (limit 12.0 GiB)`."""
+        text = "killed by the OOM killer"
+        if self.memory is not None:
+            text += f" at {format_bytes(self.memory)}"
+        if self.limit is not None:
+            text += f" (limit {format_bytes(self.limit)})"
+        return text
+
+
+@dataclass(frozen=True)
+class RankUsage:
+    """What a rank used over its life, read when it ended (gpulaunch/resources/final.py).
+
+    Each number is None where it could not be had; `*_source` says where it
+    came from (the report prints them once).
+    """
+
+    cpu_sec: float | None = None
+    cpu_source: str = ""
+    peak_memory: int | None = None  # bytes
+    peak_source: str = ""
+    gpu_memory: int | None = None  # bytes, peak over the rank's processes (NVML accounting)
+
+
 @dataclass(frozen=True)
 class RankExit:
     """How one rank ended.
 
     Exactly one of `code` and `signal` is set. `observed_at` is the watcher's
-    `time.monotonic()` when it reaped the rank; it orders failures.
+    `time.monotonic()` when it reaped the rank; it orders failures. `usage`
+    is what it used (where it could be read); `oom` is set when the kernel's
+    OOM killer killed it.
     """
 
     code: int | None
@@ -122,6 +172,8 @@ class RankExit:
     observed_at: float
     runtime: float
     core_dumped: bool = False
+    usage: RankUsage | None = None
+    oom: OomKill | None = None
 
     @property
     def status(self) -> int:
@@ -136,7 +188,9 @@ class RankExit:
         return self.status != 0
 
     def describe(self) -> str:
-        """`exit 7`, `SIGKILL`, `SIGSEGV (core dumped)`."""
+        """`exit 7`, `SIGKILL`, `SIGSEGV (core dumped)`, `killed by the OOM killer at ...`."""
+        if self.oom is not None and self.signal == signal.SIGKILL:
+            return self.oom.describe()
         if self.signal is not None:
             return signal_name(self.signal) + (" (core dumped)" if self.core_dumped else "")
         return f"exit {self.code}"

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
+from gpulaunch.model import (
+    Cause,
+    JobReport,
+    RankResult,
+    RankUsage,
+    format_bytes,
+    format_duration,
+    signal_name,
+)
 from gpulaunch.multinode.protocol import Layout
 
 # Installs gpulaunch/data/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
@@ -62,6 +70,29 @@ def _how(result: RankResult, report: JobReport) -> str:
     return "exited"
 
 
+_USAGE_HEADERS = ("cpu", "peak mem", "gpu mem")
+
+
+def _usage_cells(usage: RankUsage | None) -> tuple[str, str, str]:
+    if usage is None:
+        return ("-", "-", "-")
+    return (
+        "-" if usage.cpu_sec is None else format_duration(usage.cpu_sec),
+        "-" if usage.peak_memory is None else format_bytes(usage.peak_memory),
+        "-" if usage.gpu_memory is None else format_bytes(usage.gpu_memory),
+    )
+
+
+def usage_sources(report: JobReport) -> list[str]:
+    """Where the usage columns come from, once (gpulaunch/resources/final.py)."""
+    usages = [r.exit.usage for r in report.ranks if r.exit and r.exit.usage]
+    cpu = sorted({u.cpu_source for u in usages if u.cpu_source})
+    peak = sorted({u.peak_source for u in usages if u.peak_source})
+    if not cpu and not peak:
+        return []
+    return [f"  cpu: from {', '.join(cpu) or '-'}; peak mem: from {', '.join(peak) or '-'}"]
+
+
 def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
     """Rows as left-aligned columns two spaces apart (the first row is the header)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -73,8 +104,12 @@ def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
 
 def format_report(report: JobReport) -> str:
     """The per-rank table, the cause rank first."""
-    rows = [("rank", "unit", "pid", "exit", "how", "runtime")]
+    rows: list[tuple[str, ...]] = [("rank", "unit", "pid", "exit", "how", "runtime")]
+    rows[0] += _USAGE_HEADERS
     ordered = sorted(report.ranks, key=lambda r: (r.rank != report.cause_rank, r.rank))
+    usages = [r.exit.usage for r in ordered if r.exit and r.exit.usage]
+    # the usage columns where some rank has them (a record of an older gpulaunch has none)
+    shown = 6 + (2 if usages else 0) + (1 if any(u.gpu_memory is not None for u in usages) else 0)
     for r in ordered:
         rows.append(
             (
@@ -84,8 +119,10 @@ def format_report(report: JobReport) -> str:
                 r.exit.describe() if r.exit else "-",
                 _how(r, report),
                 format_duration(r.exit.runtime) if r.exit else "-",
+                *_usage_cells(r.exit.usage if r.exit else None),
             )
         )
+    rows = [row[:shown] for row in rows]
     lines = [headline(report)]
     if report.layout is not None:
         lines.append("  " + nodes_line(report.layout))
@@ -94,6 +131,7 @@ def format_report(report: JobReport) -> str:
             if report.cause is not Cause.NODE_FAILED:  # e.g. this node was interrupted
                 lines.append(f"  the job's first failure: {failure.describe()}")
     lines += format_table(rows, indent="  ").splitlines()
+    lines += usage_sources(report)
     if report.restarts:
         lines.append(
             f"gpulaunch: the ranks were restarted {count(report.restarts, 'time')} (--max-restarts)"

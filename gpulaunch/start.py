@@ -99,7 +99,8 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
             SystemdSupervisor(systemd, units),
             wakeup,
             on_created=announce,
-            observers=(Recorder(), JobPublisher()),  # the record first: Finished says it exists
+            # the record first: Finished says it exists
+            observers=(Recorder(), JobPublisher(last_output=output.last_line_at)),
             output=output,
             journal=journal_problem is None,
             peer=peer,

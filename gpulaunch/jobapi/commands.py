@@ -24,6 +24,7 @@ from gpulaunch.report import count, format_report, format_table, nodes_line
 
 if TYPE_CHECKING:
     from gpulaunch.jobapi.client import JobClient
+    from gpulaunch.resources.sample import JobSample
 
 T = TypeVar("T")
 
@@ -75,14 +76,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     view = view or record.find(args.job, manager)
     if view is None:
         raise unreachable or record.unknown_job(args.job, manager)
+    sample = None
+    if getattr(args, "resources", False) and not view.state.ended:
+        sample = _resources(view)
     if args.json:
-        print(json.dumps(view.to_json(), indent=2))
+        out = view.to_json()
+        if sample is not None:
+            out["resources"] = sample.to_json()
+        print(json.dumps(out, indent=2))
     elif view.state.ended:
         ended = f", ended {_when(view.ended_at)}" if view.ended_at else ""
         print(format_report(view.report()) + f"\n  ({view.slice}, {view.manager} manager{ended})")
     else:
         print(_live(view))
+        if sample is not None:
+            from gpulaunch.resources.view import print_table
+
+            print_table(sample)
     return 0
+
+
+def _resources(view: JobView) -> JobSample:
+    """What each rank of a running job uses, measured over one second."""
+    from gpulaunch.resources.nvml import Gpus, open_gpus
+    from gpulaunch.resources.sample import Sampler, measure
+
+    gpus = open_gpus()
+    try:
+        return measure(view, Sampler(gpus), 1.0)
+    finally:
+        if isinstance(gpus, Gpus):
+            gpus.close()
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

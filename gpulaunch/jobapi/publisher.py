@@ -20,6 +20,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,9 @@ from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 # Signal signatures (gpulaunch/data/dbus/io.gpulaunch.Job1.xml has their argument names).
 RANK_EXITED_SIGNATURE = "isiibi"
 FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
+
+# Properties read on demand and never in PropertiesChanged (EmitsChangedSignal=false).
+UNANNOUNCED = frozenset({"LastOutput"})
 
 FINISH_BUDGET = 1.5  # of the watcher's 2 s for `finished`: never make it raise
 
@@ -125,7 +129,12 @@ def _consume(fut: asyncio.Future[Any]) -> None:
 class JobPublisher:
     """Publishes one job on the bus while its watcher runs; a watcher `Observer`."""
 
-    def __init__(self, warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        warn: Callable[[str], None] | None = None,
+        last_output: Callable[[int], float | None] | None = None,
+    ) -> None:
+        self._last_output = last_output or (lambda rank: None)
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
         self._job: JobProgress | None = None
         self._stop_job: Callable[[], None] = lambda: None
@@ -152,9 +161,7 @@ class JobPublisher:
         self.name = bus_name(job.spec.job)
         self.path = object_path(job.spec.job)
         self._xml = interface_xml().replace("</node>", _STANDARD_INTERFACES + "</node>")
-        self._sent = {
-            name: value for name, (_, value) in JobView.of_progress(job).properties().items()
-        }
+        self._sent = {name: value for name, (_, value) in self._view().properties().items()}
         try:
             self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
         except PolicyMissingError as exc:  # the job runs; only its API is off
@@ -238,7 +245,10 @@ class JobPublisher:
 
     def _view(self) -> JobView:
         assert self._job is not None
-        return JobView.of_progress(self._job, self._report)
+        view = JobView.of_progress(self._job, self._report)
+        # Read when asked, never announced: it changes with every line (docs/dbus.md).
+        stamps = (self._last_output(r.rank) for r in self._job.ranks)
+        return replace(view, last_output=tuple(int((t or 0) * 1e6) for t in stamps))
 
     def _send(self, msg: Message) -> asyncio.Future[Any] | None:
         if self._bus is None or not self._bus.connected:
@@ -285,7 +295,7 @@ class JobPublisher:
 
     async def _finish(self) -> None:
         view = self._view()
-        self._dirty.update(view.properties())
+        self._dirty.update(n for n in view.properties() if n not in UNANNOUNCED)
         self._flush()
         sent = self._send(
             Message.new_signal(

@@ -22,6 +22,7 @@ import errno
 import os
 import re
 import stat
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -190,6 +191,7 @@ class Output:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused = False
         self._on_change: Callable[[], None] = lambda: None
+        self._last_line: dict[int, float] = {}  # rank -> time.time() of its last complete line
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
@@ -240,6 +242,13 @@ class Output:
         """Lines a rank has written so far, stdout and stderr together."""
         return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
 
+    def last_line_at(self, rank: int) -> float | None:
+        """When (time.time()) a rank's last complete line arrived, stdout or stderr; None: none yet.
+
+        Published as `LastOutput` on the bus (docs/dbus.md) for `gpulaunch top`.
+        """
+        return self._last_line.get(rank)
+
     def stderr_tail(self, rank: int) -> str:
         """The last lines a rank wrote to stderr (for the report of a failure), bounded."""
         buf = self._buffers.get((rank, Stream.STDERR))
@@ -277,6 +286,7 @@ class Output:
             buf.partial = bytearray(chunk[cut + 1 :])
             buf.lines += len(lines)
             buf.remember(lines)
+            self._last_line[rank] = time.time()
             self._lines(rank, stream, lines)
         else:
             buf.partial += chunk

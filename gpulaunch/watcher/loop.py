@@ -16,7 +16,6 @@ event. asyncio because the libraries that publish objects on D-Bus need it.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import time
@@ -42,12 +41,13 @@ from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
+from gpulaunch.resources.final import UsageReader
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
 from gpulaunch.watcher.interrupts import pending
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
-from gpulaunch.watcher.procs import fork_held, kill_held, reap, spawn_held
+from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank
 
 T = TypeVar("T")
@@ -93,6 +93,7 @@ class Watcher:
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
+        self.usage = UsageReader(spec)  # what each rank used, read as it ends
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
@@ -103,6 +104,7 @@ class Watcher:
         with ExitStack() as stack:
             stack.callback(self._aio.close)
             stack.callback(self._kill_and_reap_all)
+            stack.callback(self.usage.close)
             self._watch(self.wakeup_fd, self._on_signal)
             self.supervisor.attach(self._aio, self._watch, self)
             self.output.attach(self._aio, self._poke)
@@ -370,9 +372,7 @@ class Watcher:
             return
         for rank in self.ranks:
             if rank.state is RankState.HELD:
-                assert rank.child is not None and rank.pump is not None
-                rank.pump.release()
-                rank.child.release()
+                rank.release()
         now = self.clock()
         for rank in self.ranks:
             if rank.state is RankState.HELD:
@@ -393,7 +393,7 @@ class Watcher:
 
     def _on_exit(self, rank: Rank) -> None:
         assert rank.child is not None
-        status = reap(rank.child.pidfd)
+        status, used, oom = self.usage.reap(rank.child, rank.cgroup)
         now = self.clock()
         self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
@@ -404,6 +404,8 @@ class Watcher:
             observed_at=now,
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
+            usage=used,
+            oom=oom,
         )
         self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:
@@ -453,22 +455,7 @@ class Watcher:
 
     def _kill_and_reap_all(self) -> None:
         """On any error path: no child of ours outlives this function."""
-        for child in [c for r in self.ranks for c in (r.child, r.pump)]:
-            if child is None or child.pidfd < 0:
-                continue
-            child.abandon()
-            try:
-                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                reap(child.pidfd)
-            except ChildProcessError:
-                pass
-            except OSError as exc:  # pragma: no cover - defensive
-                if exc.errno != errno.ECHILD:
-                    raise
-            child.close()
+        kill_and_reap([c for r in self.ranks for c in (r.child, r.pump) if c is not None])
 
     # -- the outcome ------------------------------------------------------
 

@@ -9,10 +9,12 @@ scope's start job finish.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import resource
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpulaunch.watcher import nofile
@@ -172,9 +174,41 @@ def reap(pidfd: int) -> WaitStatus:
     )
 
 
+def reap_with_usage(child: HeldChild) -> tuple[WaitStatus, resource.struct_rusage]:
+    """Reap a child whose pidfd said it exited, with its rusage (`wait4`; `waitid` has none).
+
+    Only the parent reaps it and it has not been reaped, so its pid is still its own.
+    """
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return WaitStatus(code=None, signal=sig, core_dumped=os.WCOREDUMP(status)), usage
+    return WaitStatus(code=os.WEXITSTATUS(status), signal=None, core_dumped=False), usage
+
+
 def kill_held(child: HeldChild) -> None:
     """SIGKILL a child that may still be at its gate (it never ran user code)."""
     try:
         signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def kill_and_reap(children: Iterable[HeldChild]) -> None:
+    """SIGKILL and reap every child still open: on any error path, none outlives this."""
+    for child in children:
+        if child.pidfd < 0:
+            continue
+        child.abandon()
+        try:
+            signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            reap(child.pidfd)
+        except ChildProcessError:
+            pass
+        except OSError as exc:  # pragma: no cover - defensive
+            if exc.errno != errno.ECHILD:
+                raise
+        child.close()
