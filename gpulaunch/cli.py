@@ -405,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--detach", "-d", action="store_true", help="print the job id and return; the job runs on"
     )
+    # Set by the front end (gpulaunch/frontend/) on the watcher it starts; not for users.
+    start.add_argument("--frontend-child", action="store_true", help=argparse.SUPPRESS)
     start.set_defaults(func=cmd_start)
     render = sub.add_parser("render", help="print the units that `start` would create")
     _add_start_options(render)
@@ -458,7 +460,13 @@ def cmd_start(args: argparse.Namespace) -> int:
     from gpulaunch.start import start
 
     view = OutputOptions(ranks=args.ranks, quiet=args.quiet, log_dir=args.log_dir)
-    return start(start_options(args), view, detach=args.detach)
+    return start(
+        start_options(args),
+        view,
+        detach=args.detach,
+        argv=args.argv,
+        frontend_child=args.frontend_child,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -466,6 +474,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         if "manager" in args:  # --system/--user, or the default for who runs it
             args.manager = default_manager(args.manager)
         code = int(args.func(args))
