@@ -186,3 +186,13 @@ def test_user_without_a_user_manager(box: Any, ujob: Job) -> None:
     assert len(lines) == 1 and lines[0].startswith("gpulaunch: error: "), res.stderr
     assert f"/run/user/{nolinger.uid}/bus" in lines[0] and "enable-linger" in lines[0]
     assert not ujob.pids()
+
+
+def test_detach_from_a_login_shell(login: Login, ujob: Job) -> None:
+    res = login.run(ujob.argv("--nproc", "2", "--detach", script_args=["--sleep", "1"]))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ujob.id
+    # the job outlives the front end, and a second login waits for its status
+    waited = login.run([GPULAUNCH, "wait", ujob.id])
+    assert waited.returncode == 0, waited.stderr
+    assert_user_clean(login, ujob)
