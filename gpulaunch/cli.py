@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--detach", "-d", action="store_true", help="print the job id and return; the job runs on"
     )
+    # Set by the front end (gpulaunch/frontend/) on the watcher it starts; not for users.
+    start.add_argument("--frontend-child", action="store_true", help=argparse.SUPPRESS)
     start.set_defaults(func=cmd_start)
     render = sub.add_parser("render", help="print the units that `start` would create")
     add_start_options(render)
@@ -223,7 +225,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_start(args: argparse.Namespace) -> int:
     from gpulaunch.start import start
 
-    return start(start_options(args), output_options(args), detach=args.detach)
+    return start(
+        start_options(args),
+        output_options(args),
+        detach=args.detach,
+        argv=args.argv,
+        frontend_child=args.frontend_child,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -232,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         args = parser.parse_args(argv)
         debug = bool(args.debug)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         if "manager" in args:  # --system/--user, or the default for who runs it
             args.manager = default_manager(args.manager)
         code = int(args.func(args))

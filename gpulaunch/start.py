@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 
@@ -45,8 +46,28 @@ def render(opts: StartOptions) -> int:
     return 0
 
 
-def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
-    """`gpulaunch start`: run the job to its end; returns its status."""
+def start(
+    opts: StartOptions,
+    view: OutputOptions,
+    detach: bool = False,
+    argv: Sequence[str] = (),
+    frontend_child: bool = False,
+) -> int:
+    """`gpulaunch start`: run the job to its end; returns its status.
+
+    `argv`: the command line as typed, for the front end (gpulaunch/frontend/),
+    which runs it again as a service of the user manager where that manager cannot
+    adopt us (`frontend_child` there).
+    """
+    if opts.manager is Manager.USER:
+        from gpulaunch.frontend.need import needs_frontend
+        from gpulaunch.frontend.userbus import ensure_user_bus
+
+        address = ensure_user_bus()
+        if not frontend_child and needs_frontend(opts.manager):
+            from gpulaunch.frontend.run import run_frontend
+
+            return run_frontend(plan(opts)[0], argv, address, detach)
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
     from gpulaunch.logs.pump import journal_reachable
@@ -60,7 +81,10 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
     spec, units = plan(opts)
     needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big
     raise_nofile(needs.fds)
-    detached = Detached.fork() if detach else None
+    if frontend_child:  # already detached: the front end reads our stderr
+        detached = Detached(0, None) if detach else None
+    else:
+        detached = Detached.fork() if detach else None
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher
     # detached: nobody watches the terminal; the journal and --log-dir still get everything

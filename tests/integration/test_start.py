@@ -399,13 +399,24 @@ def as_user(uid: int, env: dict[str, str], argv: list[str]) -> list[str]:
 def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], job: Job) -> None:
     uid, env = box_user
     os.chmod(job.dir, 0o777)
+    # From inside the user manager's own tree (a scope of it): no front end needed, the
+    # watcher adopts itself (tests/integration/test_frontend.py: from a login shell).
+    inside = ["systemd-run", "--user", "--scope", "--quiet"]
     res = job.box.run(
-        as_user(uid, env, job.argv("--nproc", "2", script_args=["--print"])),
+        as_user(uid, env, [*inside, *job.argv("--nproc", "2", script_args=["--print"])]),
         cwd=str(REPO),
         capture_output=True,
         text=True,
     )
     assert res.returncode == 0, res.stderr
+    assert (
+        "--frontend-child"
+        not in job.box.run(
+            ["journalctl", f"_SYSTEMD_USER_UNIT=gpulaunch-{job.names.component}-launch.service"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     user_slice = f"0::/user.slice/user-{uid}.slice/user@{uid}.service/gpulaunch.slice/"
     assert f"rank 1 cgroup {user_slice}{job.names.job_slice}/{job.names.ranks_slice}/" in res.stdout
     leftover = job.box.run(

@@ -38,7 +38,7 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.watcher.detach import Detached, _tail_overlap
+from gpulaunch.watcher.detach import Detached, tail_overlap
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 
@@ -307,8 +307,8 @@ def test_detach_passes_on_a_failed_start(capfd: pytest.CaptureFixture[str]) -> N
 
 def test_marker_split_across_reads_is_held_back() -> None:
     marker = b"\0gpulaunch-started\n"
-    assert _tail_overlap(b"text\0gpulaunch-st", marker) == len(b"\0gpulaunch-st")
-    assert _tail_overlap(b"text", marker) == 0
+    assert tail_overlap(b"text\0gpulaunch-st", marker) == len(b"\0gpulaunch-st")
+    assert tail_overlap(b"text", marker) == 0
 
 
 def test_records_without_journalctl_is_the_machines_problem(
