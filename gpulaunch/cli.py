@@ -376,6 +376,13 @@ def _add_job_commands(sub: Any) -> None:
     _add_manager_options(p, "logs")
     p.set_defaults(func=_command("logs.journal", "cmd_logs"))
 
+    p = sub.add_parser("stacks", help="every running rank's Python stacks, all threads (py-spy)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
+    p.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy --native)")
+    _add_manager_options(p)
+    p.set_defaults(func=_command("debug.command", "cmd_stacks"))
+
 
 Command = Callable[[argparse.Namespace], int]
 

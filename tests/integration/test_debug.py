@@ -1,0 +1,36 @@
+"""Seeing inside a running job (issue 17, items 3-5): `gpulaunch stacks`, --hang-timeout,
+--dump-stacks, and the gang stop at the moment a rank's @record writes its error file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.jobs import REPO, Job
+from tests.integration.test_dbus import finish, gl, start_running
+
+pytestmark = pytest.mark.integration
+
+SCRIPTS = REPO / "tests" / "integration" / "scripts"
+
+
+def line_of(script: Path, text: str) -> int:
+    """The 1-based line of `text` in `script` (so the test follows edits of the script)."""
+    return next(i for i, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
+def test_stacks_name_each_ranks_function_and_line(job: Job) -> None:
+    proc = start_running(job, 2)
+    try:
+        res = gl(job, "stacks", job.id, timeout=120)
+        assert res.returncode == 0, res.stderr
+        sleep_line = line_of(SCRIPTS / "rank.py", "time.sleep(args.sleep)")
+        for rank in (0, 1):
+            assert f"rank {rank} ({job.names.rank_scope(rank)}, pid " in res.stdout, res.stdout
+        assert res.stdout.count(f"main (rank.py:{sleep_line})") == 2, res.stdout
+        one = gl(job, "stacks", job.id, "--rank", "1", timeout=120)
+        assert one.returncode == 0, one.stderr
+        assert "rank 1 (" in one.stdout and "rank 0 (" not in one.stdout, one.stdout
+    finally:
+        finish(job, proc)
