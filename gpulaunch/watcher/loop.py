@@ -16,7 +16,6 @@ event. asyncio because the libraries that publish objects on D-Bus need it.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import time
@@ -44,10 +43,11 @@ from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
+from gpulaunch.watcher.errorwatch import ErrorFileWatch, stop_others
 from gpulaunch.watcher.interrupts import pending
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
-from gpulaunch.watcher.procs import fork_held, kill_held, reap, spawn_held
+from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank
 
 T = TypeVar("T")
@@ -91,6 +91,7 @@ class Watcher:
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
+        self._written: ErrorFileWatch | None = None  # inotify: a rank's @record wrote its file
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
         if peer is not None:
             assert spec.layout is not None
@@ -101,7 +102,10 @@ class Watcher:
     def run(self) -> JobReport:
         with ExitStack() as stack:
             stack.callback(self._aio.close)
-            stack.callback(self._kill_and_reap_all)
+            # On any error path: no child of ours outlives run().
+            stack.callback(
+                lambda: kill_and_reap([c for r in self.ranks for c in (r.child, r.pump)])
+            )
             self._watch(self.wakeup_fd, self._on_signal)
             self.supervisor.attach(self._aio, self._watch, self)
             self.output.attach(self._aio, self._poke)
@@ -114,6 +118,8 @@ class Watcher:
             self._errors = stack.enter_context(
                 ErrorFiles(self._runtime_dir, self.spec.names.component)
             )
+            self._written = stack.enter_context(ErrorFileWatch())
+            self._watch(self._written.fileno(), self._on_error_file)
             self.on_created()
             while True:
                 if not self._stopping_asked():
@@ -308,6 +314,8 @@ class Watcher:
         )
         assert self._errors is not None
         error_file = self._errors.path(self.attempt, rank.spec.rank)
+        if self._written is not None:
+            self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         try:
             rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w})
@@ -397,7 +405,7 @@ class Watcher:
             code=status.code,
             signal=status.signal,
             stopped_by_watcher=rank.stop_requested,
-            observed_at=now,
+            observed_at=now if rank.error_at is None else rank.error_at,  # see _on_error_file
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
         )
@@ -408,6 +416,21 @@ class Watcher:
                 what = f"rank {rank.spec.rank} {rank.exit.describe()}"
                 self.nodes.offer(what, rank.exit.status, rank.spec.rank, error, source)
             self._begin_stop()
+
+    def _on_error_file(self) -> None:
+        """A rank's @record wrote its error file: stop the others now (watcher/errorwatch.py)."""
+        assert self._written is not None and self._errors is not None
+        for rank in self._written.new_errors(self._errors, self.ranks, self.attempt):
+            rank.error_at = self.clock()  # it is the cause, observed now: see _on_exit
+            if self.nodes is None:  # several nodes: the others learn it at its exit, as before
+                self._set_phase(Phase.STOPPING)
+                self.supervisor.stop_ranks(stop_others(self.ranks))
+                self._aio.call_later(self.spec.grace_sec, self._stop_after_error, self.attempt)
+
+    def _stop_after_error(self, attempt: int) -> None:
+        if attempt == self.attempt:  # it has not exited within the grace: stop it too
+            self._begin_stop()
+            self._poke()
 
     # -- the other nodes (multi-node jobs) ------------------------------
 
@@ -431,8 +454,8 @@ class Watcher:
         self.stop_issued = True
         self._set_phase(Phase.STOPPING)
         for rank in self.ranks:
-            if rank.state.alive:
-                rank.stop_requested = True
+            if rank.state.alive and rank.error_at is None:  # a rank that wrote its error
+                rank.stop_requested = True  # file is the cause, however it ends
             if rank.state is RankState.HELD and rank.child is not None:
                 # Never ran user code: nothing to be graceful about.
                 for child in (rank.child, rank.pump):
@@ -446,25 +469,6 @@ class Watcher:
         """A second interrupt: SIGKILL everything of the ranks without waiting for the grace."""
         self._begin_stop()
         self.supervisor.kill_gang()
-
-    def _kill_and_reap_all(self) -> None:
-        """On any error path: no child of ours outlives this function."""
-        for child in [c for r in self.ranks for c in (r.child, r.pump)]:
-            if child is None or child.pidfd < 0:
-                continue
-            child.abandon()
-            try:
-                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                reap(child.pidfd)
-            except ChildProcessError:
-                pass
-            except OSError as exc:  # pragma: no cover - defensive
-                if exc.errno != errno.ECHILD:
-                    raise
-            child.close()
 
     # -- the outcome ------------------------------------------------------
 

@@ -159,3 +159,20 @@ def kill_held(child: HeldChild) -> None:
         signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def kill_and_reap(children: Sequence[HeldChild | None]) -> None:
+    """SIGKILL and reap every child not yet reaped (the watcher's error paths)."""
+    for child in children:
+        if child is None or child.pidfd < 0:
+            continue
+        child.abandon()
+        try:
+            signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            reap(child.pidfd)
+        except ChildProcessError:
+            pass
+        child.close()

@@ -19,6 +19,7 @@ class Rank:
     in_scope: bool = False  # systemd finished moving it (and its pump) into its scope
     born_at: float = 0.0
     stop_requested: bool = False
+    error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
 
     def advance(self, new: RankState) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import REPO, Job
+from tests.integration.jobs import REPO, Job, assert_clean
 from tests.integration.test_dbus import finish, gl, start_running
 
 pytestmark = pytest.mark.integration
@@ -34,3 +34,28 @@ def test_stacks_name_each_ranks_function_and_line(job: Job) -> None:
         assert "rank 1 (" in one.stdout and "rank 0 (" not in one.stdout, one.stdout
     finally:
         finish(job, proc)
+
+
+SLOW_TEARDOWN = str(SCRIPTS / "slow_teardown.py")
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["record", "no-record"])
+def test_the_error_file_stops_the_others_before_the_failing_rank_exits(
+    job: Job, recorded: bool
+) -> None:
+    """With @record the others get SIGTERM while rank 1 still tears down; without, after."""
+    res = job.run(
+        "--nproc",
+        "3",
+        script=SLOW_TEARDOWN,
+        script_args=[] if recorded else ["--no-record"],
+        timeout=180,
+    )
+    assert res.returncode == 1, res.stderr
+    assert "failed: rank 1 exit 1" in res.stderr, res.stderr
+    assert ("its error file (@record)" in res.stderr) is recorded, res.stderr
+    exited = float((job.dir / "rank1.exit").read_text())
+    for rank in (0, 2):
+        termed = float((job.dir / f"rank{rank}.term").read_text())
+        assert (termed < exited) is recorded, (rank, termed, exited)
+    assert_clean(job)
