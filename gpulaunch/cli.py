@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpulaunch.debug.options import HangOptions, add_hang_options, add_stacks_parser
 from gpulaunch.errors import GpulaunchError, UsageError
 from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
 from gpulaunch.model import Manager
@@ -376,12 +377,7 @@ def _add_job_commands(sub: Any) -> None:
     _add_manager_options(p, "logs")
     p.set_defaults(func=_command("logs.journal", "cmd_logs"))
 
-    p = sub.add_parser("stacks", help="every running rank's Python stacks, all threads (py-spy)")
-    p.add_argument("job", metavar="JOB")
-    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
-    p.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy --native)")
-    _add_manager_options(p)
-    p.set_defaults(func=_command("debug.command", "cmd_stacks"))
+    add_stacks_parser(sub, _add_manager_options, _command("debug.command", "cmd_stacks"))
 
 
 Command = Callable[[argparse.Namespace], int]
@@ -413,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--detach", "-d", action="store_true", help="print the job id and return; the job runs on"
     )
+    add_hang_options(start)
     start.set_defaults(func=cmd_start)
     render = sub.add_parser("render", help="print the units that `start` would create")
     _add_start_options(render)
@@ -467,7 +464,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     from gpulaunch.start import start
 
     view = OutputOptions(ranks=args.ranks, quiet=args.quiet, log_dir=args.log_dir)
-    return start(start_options(args), view, detach=args.detach)
+    hang = HangOptions(hang_timeout=args.hang_timeout, dump_stacks=args.dump_stacks)
+    return start(start_options(args), view, detach=args.detach, hang_options=hang)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

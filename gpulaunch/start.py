@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import replace
 
+from gpulaunch.debug.options import HangOptions
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
@@ -45,7 +47,12 @@ def render(opts: StartOptions) -> int:
     return 0
 
 
-def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
+def start(
+    opts: StartOptions,
+    view: OutputOptions,
+    detach: bool = False,
+    hang_options: HangOptions | None = None,
+) -> int:
     """`gpulaunch start`: run the job to its end; returns its status."""
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
@@ -53,9 +60,22 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.systemd import SystemdSupervisor
     from gpulaunch.supervisor.systemd_api import Systemd  # pystemd: only to run jobs
+    from gpulaunch.watcher.errorfile import runtime_base
+    from gpulaunch.watcher.hangwatch import HangWatch
     from gpulaunch.watcher.loop import Watcher
 
     spec, units = plan(opts)
+    hang = None
+    hang_options = hang_options or HangOptions()
+    if hang_options.hang_timeout is not None or hang_options.dump_stacks:
+        stacks_dir = view.log_dir or runtime_base(spec.manager) / "gpulaunch"
+        hang = HangWatch(  # finds py-spy now: one line, before anything starts, if it is missing
+            hang_options.hang_timeout,
+            hang_options.dump_stacks,
+            time.monotonic,
+            lambda: output.last_data_at,
+            stacks_dir / f"{spec.names.component}.stacks.txt",
+        )
     detached = Detached.fork() if detach else None
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher
@@ -98,6 +118,7 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
             output=output,
             journal=journal_problem is None,
             peer=peer,
+            hang=hang,
         )
         report = watcher.run()
     if journal_problem is None:

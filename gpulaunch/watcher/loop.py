@@ -1,16 +1,11 @@
-"""The watcher: one single-threaded event loop that runs a job.
+"""The watcher: one single-threaded event loop that runs a job (docs/architecture.md).
 
-It forks every rank held at a gate, has its supervisor contain each (systemd:
-a scope; gpulaunch/supervisor/), opens the gates, then sleeps in the event
-loop until something happens: a rank's pidfd becomes readable, the supervisor
-reports (a rank contained, the gang gone), a signal arrives through the wakeup
-fd, or an observer (the D-Bus publisher) asks for something. There is no timer
-and no poll interval: the grace period belongs to the supervisor (systemd's
-`TimeoutStopSec=`, systemd.kill(5)). docs/architecture.md draws it.
-
-The loop is asyncio's (an epoll loop on one thread), driven from synchronous
-code: `_loop(until)` runs it until `until()` holds, re-checking after every
-event. asyncio because the libraries that publish objects on D-Bus need it.
+It forks every rank held at a gate, has its supervisor contain each, opens the
+gates, then sleeps until a rank's pidfd, the supervisor, a signal (wakeup fd),
+an observer, an error file (inotify) or a deadline (--hang-timeout) wakes it.
+No poll interval: the grace period belongs to the supervisor (systemd.kill(5)).
+The loop is asyncio's (epoll, one thread; the D-Bus libraries need it), driven
+from synchronous code: `_loop(until)` runs it until `until()` holds.
 """
 
 from __future__ import annotations
@@ -42,8 +37,9 @@ from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.supervisor import Supervisor
-from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
+from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, stop_others
+from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.interrupts import pending
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
@@ -68,6 +64,7 @@ class Watcher:
         journal: bool = False,
         runtime_dir: Path | None = None,
         peer: PeerLink | None = None,
+        hang: HangWatch | None = None,
     ) -> None:
         self.spec = spec
         self.supervisor = supervisor
@@ -93,6 +90,7 @@ class Watcher:
         self._errors: ErrorFiles | None = None
         self._written: ErrorFileWatch | None = None  # inotify: a rank's @record wrote its file
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
+        self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
@@ -280,12 +278,8 @@ class Watcher:
         self._run(self.supervisor.create(pids))
 
     def _start_ranks(self) -> None:
-        """Fork every rank at its gate and ask the supervisor to contain it.
-
-        The gates open when the supervisor said every rank is contained
-        (`placed`): with systemd, the reply to StartTransientUnit comes before
-        the move, so that is later than the call.
-        """
+        """Fork every rank at its gate and ask the supervisor to contain it; the gates open
+        when it said every rank is contained (`placed`: systemd moves after its reply)."""
         for index, rank in enumerate(self.ranks):
             if self.interrupt is not None or self.stop_issued:
                 return
@@ -364,12 +358,8 @@ class Watcher:
         self.gang_stopping = False
 
     def _open_gates(self) -> None:
-        """Let every rank run at once, when all of them are in their scopes.
-
-        One by one would let the first ranks' start-up compete for the CPUs with
-        the watcher still creating the others' scopes; and a gang waits for its
-        slowest member at its first collective anyway.
-        """
+        """Let every rank run at once, when all of them are in their scopes (all at once: one
+        by one, the first ranks' start-up would compete with the others' scope creation)."""
         if self.stop_issued or not self._all_forked or not all(r.in_scope for r in self.ranks):
             return
         for rank in self.ranks:
@@ -382,6 +372,9 @@ class Watcher:
             if rank.state is RankState.HELD:
                 rank.born_at = now
                 self._advance(rank, RankState.RUNNING)
+        if self.hang is not None:
+            hung = "the job hung (--hang-timeout)"
+            self.hang.start(self._aio, lambda: self.ranks, lambda: self._stop_after_stacks(hung))
 
     def _exit_handler(self, rank: Rank) -> Callable[[], None]:
         return lambda: self._on_exit(rank)
@@ -415,7 +408,7 @@ class Watcher:
                 error, source = self._rank_error(rank.spec.rank)
                 what = f"rank {rank.spec.rank} {rank.exit.describe()}"
                 self.nodes.offer(what, rank.exit.status, rank.spec.rank, error, source)
-            self._begin_stop()
+            self._stop_after_stacks(f"rank {rank.spec.rank} {rank.exit.describe()}", failure=True)
 
     def _on_error_file(self) -> None:
         """A rank's @record wrote its error file: stop the others now (watcher/errorwatch.py)."""
@@ -425,10 +418,18 @@ class Watcher:
             if self.nodes is None:  # several nodes: the others learn it at its exit, as before
                 self._set_phase(Phase.STOPPING)
                 self.supervisor.stop_ranks(stop_others(self.ranks))
-                self._aio.call_later(self.spec.grace_sec, self._stop_after_error, self.attempt)
+                self._aio.call_later(self.spec.grace_sec, self._request_stop_now, self.attempt)
 
-    def _stop_after_error(self, attempt: int) -> None:
-        if attempt == self.attempt:  # it has not exited within the grace: stop it too
+    def _stop_after_stacks(self, why: str, failure: bool = False) -> None:
+        """--hang-timeout, --dump-stacks: the live ranks' stacks first, then the gang stop."""
+        if self.hang is None or (failure and not self.hang.dump_stacks) or self.stop_issued:
+            return self._begin_stop()
+        self.hang.cancel()
+        task = self._aio.create_task(self.hang.take(self.ranks, why))
+        task.add_done_callback(lambda _: self._request_stop_now())
+
+    def _request_stop_now(self, attempt: int | None = None) -> None:
+        if attempt is None or attempt == self.attempt:  # not a timer of an earlier attempt
             self._begin_stop()
             self._poke()
 
@@ -476,12 +477,7 @@ class Watcher:
         return {r.spec.rank: r.exit for r in self.ranks if r.exit is not None}
 
     def _rank_error(self, rank: int) -> tuple[str | None, str | None]:
-        """The cause rank's own error: its @record traceback, else its last stderr lines."""
-        from_file = self._errors.read(self.attempt, rank) if self._errors else None
-        if from_file:
-            return from_file, "its error file (@record)"
-        tail = self.output.stderr_tail(rank)
-        return (tail, "the last lines of its stderr") if tail else (None, None)
+        return rank_error(self._errors, self.attempt, rank, self.output.stderr_tail)
 
     def report(self) -> JobReport:
         return job_report(
@@ -491,10 +487,13 @@ class Watcher:
                 self._exits(),
                 self.interrupt,
                 self.nodes.elsewhere if self.nodes is not None else None,
+                self.hang.hung_at if self.hang else None,
             ),
             interrupt=self.interrupt,
             start_error=self.start_error,
             restarts=self.attempt,
             node_failure=self.node_failure,
             rank_error=self._rank_error,
+            hang=self.hang.summary if self.hang else None,
+            stacks=self.hang.stacks if self.hang else None,
         )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -58,4 +59,47 @@ def test_the_error_file_stops_the_others_before_the_failing_rank_exits(
     for rank in (0, 2):
         termed = float((job.dir / f"rank{rank}.term").read_text())
         assert (termed < exited) is recorded, (rank, termed, exited)
+    assert_clean(job)
+
+
+SKIP_ALLREDUCE = str(SCRIPTS / "skip_allreduce.py")
+
+
+def test_a_hang_is_found_and_the_stacks_say_who_waits_for_whom(job: Job) -> None:
+    """Rank 1 skips an all_reduce: ranks 0, 2, 3 wait in it; --hang-timeout 3 finds it."""
+    started = time.monotonic()
+    res = job.run("--nproc", "4", "--hang-timeout", "3", script=SKIP_ALLREDUCE, timeout=300)
+    took = time.monotonic() - started
+    assert res.returncode == 124, res.stderr
+    head = [line for line in res.stderr.splitlines() if " hung: " in line]
+    assert len(head) == 1 and head[0].startswith(f"gpulaunch: job {job.id} hung"), res.stderr
+    assert "ranks 0, 2, 3 in all_reduce" in head[0], res.stderr
+    assert "rank 1 not in a collective: elsewhere (skip_allreduce.py:" in head[0], res.stderr
+    assert "the ranks' stacks" in res.stderr, res.stderr
+    assert "    all_reduce (torch/distributed/distributed_c10d.py:" in res.stderr, res.stderr
+    stacks_file = next(p for p in res.stderr.split() if p.endswith(".stacks.txt)"))[:-1]
+    assert job.box.run(["test", "-s", stacks_file]).returncode == 0
+    assert took < 240, took  # torch's import on a loaded machine, then 3 s to 4.5 s
+    assert_clean(job)
+
+
+def test_dump_stacks_shows_the_survivors_when_a_rank_fails(job: Job) -> None:
+    res = job.run(
+        "--nproc",
+        "3",
+        "--dump-stacks",
+        "--log-dir",
+        str(job.dir / "logs"),
+        script=SKIP_ALLREDUCE,
+        script_args=["--fail-rank", "2", "--skip-rank", "-1"],
+        timeout=300,
+    )
+    assert res.returncode == 3, res.stderr
+    assert "failed: rank 2 exit 3" in res.stderr, res.stderr
+    assert "the ranks' stacks" in res.stderr, res.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} (" in res.stderr.split("the ranks' stacks")[1]
+    text = (job.dir / "logs" / f"{job.names.component}.stacks.txt").read_text()
+    assert text.startswith("rank 2 exit 3"), text
+    assert text.count("elsewhere (skip_allreduce.py:") == 2, text  # ranks 0 and 1
     assert_clean(job)
