@@ -1,8 +1,8 @@
 """A rank that fails with a slow teardown (2 s in an atexit handler), with or without @record.
 
-Every rank writes `<dir>/rank<N>.pid` and `<dir>/rank<N>.ready`; the others write
-`<dir>/rank<N>.term` (the wall-clock time) when SIGTERM reaches them; the failing
-rank writes `<dir>/rank<N>.exit` (the time) at the very end of its teardown.
+Every rank writes `<dir>/rank<N>.pid`; the others write `<dir>/rank<N>.ready` once they
+can record a SIGTERM, and `<dir>/rank<N>.term` (the wall-clock time) when it reaches them;
+the failing rank writes `<dir>/rank<N>.exit` (the time) at the very end of its teardown.
 """
 
 import argparse
@@ -23,6 +23,10 @@ def stamp(directory: str, name: str) -> None:
 def train(args: argparse.Namespace) -> None:
     rank = int(os.environ["RANK"])
     if rank == args.fail_rank:
+        # Fail once the others can record their SIGTERM (they may still import torch).
+        others = [r for r in range(int(os.environ["WORLD_SIZE"])) if r != rank]
+        while not all(os.path.exists(os.path.join(args.dir, f"rank{r}.ready")) for r in others):
+            time.sleep(0.05)
         atexit.register(lambda: (time.sleep(2.0), stamp(args.dir, "exit")))
         raise RuntimeError(f"rank {rank} fails on purpose")
 
@@ -31,6 +35,7 @@ def train(args: argparse.Namespace) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+    stamp(args.dir, "ready")
     time.sleep(120)
 
 
