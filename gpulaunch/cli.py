@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpulaunch import __version__
+from gpulaunch.debug.options import HangOptions, add_hang_options
 from gpulaunch.errors import GpulaunchError, UsageError
 from gpulaunch.options import (
     add_manager_options,
@@ -168,6 +169,13 @@ def _add_system_commands(sub: Any) -> None:
     add_manager_options(p, "check for jobs")
     p.set_defaults(func=_command("system.doctor", "cmd_doctor"))
 
+    p = sub.add_parser("stacks", help="every running rank's Python stacks, all threads (py-spy)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
+    p.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy --native)")
+    add_manager_options(p)
+    p.set_defaults(func=_command("debug.command", "cmd_stacks"))
+
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -203,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--detach", "-d", action="store_true", help="print the job id and return; the job runs on"
     )
+    add_hang_options(start)
     # Set by the front end (gpulaunch/frontend/) on the watcher it starts; not for users.
     start.add_argument("--frontend-child", action="store_true", help=argparse.SUPPRESS)
     start.set_defaults(func=cmd_start)
@@ -225,12 +234,14 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_start(args: argparse.Namespace) -> int:
     from gpulaunch.start import start
 
+    hang = HangOptions(hang_timeout=args.hang_timeout, dump_stacks=args.dump_stacks)
     return start(
         start_options(args),
         output_options(args),
         detach=args.detach,
         argv=args.argv,
         frontend_child=args.frontend_child,
+        hang_options=hang,
     )
 
 

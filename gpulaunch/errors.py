@@ -19,6 +19,7 @@ Exit codes:
   76      the job's watcher went away without saying how the job ended (`wait`, `stop`)
   77      permission denied by systemd or the bus
   78      bad unit template or setting
+  124     `start --hang-timeout`: the job hung (no rank printed or used CPU for that long)
 """
 
 from __future__ import annotations

@@ -254,6 +254,10 @@ class Cause(enum.StrEnum):
     INTERRUPTED = "interrupted"
     START_FAILED = "start-failed"
     NODE_FAILED = "node-failed"  # multi-node: the first failure was on another node
+    HUNG = "hung"  # --hang-timeout: no output and no CPU for that long (status HUNG_STATUS)
+
+
+HUNG_STATUS = 124  # like timeout(1)
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,8 @@ class JobReport:
     restarts: int = 0  # how many times the gang was restarted (--max-restarts)
     layout: Layout | None = None  # multi-node: this node and the others
     node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
+    hang: str | None = None  # hung: which ranks were in which collective (debug/hang.py)
+    stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
 
 
 @dataclass(frozen=True)
@@ -303,6 +309,7 @@ def job_outcome(
     exits: Mapping[int, RankExit],
     interrupt: tuple[float, int] | None = None,
     elsewhere: tuple[float, int] | None = None,
+    hung_at: float | None = None,
 ) -> Outcome:
     """Apply the exit-status rules (README, "Exit status").
 
@@ -313,8 +320,15 @@ def job_outcome(
     when the store says it happened on another node: every node agrees on that
     one, so it beats this node's rank failures; only an interrupt that came
     before both this node's first rank failure and that news stays the cause.
+    `hung_at`: when --hang-timeout found the job hung; the cause unless a rank
+    failure or an interrupt came first.
     """
     rank = first_failure(exits)
+    if hung_at is not None and elsewhere is None:
+        earlier = [t for t in (interrupt[0] if interrupt else None,) if t is not None]
+        earlier += [exits[rank].observed_at] if rank is not None else []
+        if all(hung_at < t for t in earlier):
+            return Outcome(HUNG_STATUS, Cause.HUNG, None)
     interrupted = interrupt is not None and (rank is None or interrupt[0] < exits[rank].observed_at)
     if elsewhere is not None and not (interrupted and interrupt and interrupt[0] < elsewhere[0]):
         return Outcome(elsewhere[1], Cause.NODE_FAILED, None)

@@ -36,6 +36,11 @@ def headline(report: JobReport) -> str:
             f"gpulaunch: job {report.job} stopped by {signal_name(report.interrupt_signal)} "
             f"(status {report.status})"
         )
+    if report.cause is Cause.HUNG:
+        return (
+            f"gpulaunch: job {report.job} hung: no output and no CPU use for --hang-timeout "
+            f"(status {report.status})" + (f": {report.hang}" if report.hang else "")
+        )
     if report.cause is Cause.START_FAILED:
         return f"gpulaunch: job {report.job} failed to start (status {report.status})"
     if report.cause is Cause.NODE_FAILED:
@@ -140,6 +145,9 @@ def format_report(report: JobReport) -> str:
         if r.error:
             lines.append(f"rank {r.rank}'s error, from {r.error_source}:")
             lines += ["  " + line for line in r.error.splitlines()]
+    if report.stacks:
+        lines.append("the ranks' stacks, innermost frame first:")
+        lines += ["  " + line for line in report.stacks.splitlines()]
     failure = report.node_failure
     if report.cause is Cause.NODE_FAILED and failure is not None and failure.error:
         lines.append(

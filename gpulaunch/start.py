@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 
+from gpulaunch.debug.options import HangOptions
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
@@ -52,6 +54,7 @@ def start(
     detach: bool = False,
     argv: Sequence[str] = (),
     frontend_child: bool = False,
+    hang_options: HangOptions | None = None,
 ) -> int:
     """`gpulaunch start`: run the job to its end; returns its status.
 
@@ -74,6 +77,8 @@ def start(
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.systemd import SystemdSupervisor
     from gpulaunch.supervisor.systemd_api import Systemd  # pystemd: only to run jobs
+    from gpulaunch.watcher.errorfile import runtime_base
+    from gpulaunch.watcher.hangwatch import HangWatch
     from gpulaunch.watcher.limits import check_job_fits
     from gpulaunch.watcher.loop import Watcher
     from gpulaunch.watcher.nofile import raise_nofile
@@ -81,6 +86,17 @@ def start(
     spec, units = plan(opts)
     needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big
     raise_nofile(needs.fds)
+    hang = None
+    hang_options = hang_options or HangOptions()
+    if hang_options.hang_timeout is not None or hang_options.dump_stacks:
+        stacks_dir = view.log_dir or runtime_base(spec.manager) / "gpulaunch"
+        hang = HangWatch(  # finds py-spy now: one line, before anything starts, if it is missing
+            hang_options.hang_timeout,
+            hang_options.dump_stacks,
+            time.monotonic,
+            lambda: output.last_data_at,
+            stacks_dir / f"{spec.names.component}.stacks.txt",
+        )
     if frontend_child:  # already detached: the front end reads our stderr
         detached = Detached(0, None) if detach else None
     else:
@@ -128,6 +144,7 @@ def start(
             output=output,
             journal=journal_problem is None,
             peer=peer,
+            hang=hang,
         )
         report = watcher.run()
     if journal_problem is None:

@@ -192,6 +192,7 @@ class Output:
         self._paused = False
         self._on_change: Callable[[], None] = lambda: None
         self._last_line: dict[int, float] = {}  # rank -> time.time() of its last complete line
+        self.last_data_at = 0.0  # time.monotonic() of the last output of any rank (--hang-timeout)
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
@@ -274,6 +275,7 @@ class Output:
 
     def data(self, rank: int, stream: Stream, chunk: bytes) -> None:
         """A chunk of a rank's output, as it came."""
+        self.last_data_at = time.monotonic()
         if rank in self._files:
             os.write(self._files[rank], chunk)
         buf = self._buffers.setdefault((rank, stream), _LineBuffer())

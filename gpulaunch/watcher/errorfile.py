@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -54,6 +55,17 @@ class ErrorFiles:
 
     def read(self, attempt: int, rank: int) -> str | None:
         return read_error_file(self.root / f"attempt_{attempt}" / str(rank) / "error.json")
+
+
+def rank_error(
+    errors: ErrorFiles | None, attempt: int, rank: int, stderr_tail: Callable[[int], str]
+) -> tuple[str | None, str | None]:
+    """The cause rank's own error: its @record traceback, else its last stderr lines."""
+    from_file = errors.read(attempt, rank) if errors else None
+    if from_file:
+        return from_file, "its error file (@record)"
+    tail = stderr_tail(rank)
+    return (tail, "the last lines of its stderr") if tail else (None, None)
 
 
 ERROR_FILE_MAX = 64 << 20  # a larger error file is not read (the stderr tail is shown instead)

@@ -20,6 +20,8 @@ def job_report(
     restarts: int,
     node_failure: NodeFailure | None,
     rank_error: Callable[[int], tuple[str | None, str | None]],
+    hang: str | None = None,
+    stacks: str | None = None,
 ) -> JobReport:
     """The report: `outcome` (model.job_outcome), unless the job failed to start.
 
@@ -51,4 +53,6 @@ def job_report(
         restarts=restarts,
         layout=spec.layout,
         node_failure=node_failure,
+        hang=hang if outcome.cause is Cause.HUNG else None,
+        stacks=stacks,
     )

@@ -14,7 +14,7 @@ import fcntl
 import os
 import resource
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpulaunch.watcher import nofile
@@ -194,10 +194,10 @@ def kill_held(child: HeldChild) -> None:
         pass
 
 
-def kill_and_reap(children: Iterable[HeldChild]) -> None:
-    """SIGKILL and reap every child still open: on any error path, none outlives this."""
+def kill_and_reap(children: Sequence[HeldChild | None]) -> None:
+    """SIGKILL and reap every child not yet reaped (the watcher's error paths)."""
     for child in children:
-        if child.pidfd < 0:
+        if child is None or child.pidfd < 0:
             continue
         child.abandon()
         try:

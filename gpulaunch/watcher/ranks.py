@@ -22,6 +22,7 @@ class Rank:
     cgroup: Path | None = None  # its scope's cgroup, read when its gate opens (resources/)
     born_at: float = 0.0
     stop_requested: bool = False
+    error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
 
     def release(self) -> None:

@@ -67,7 +67,7 @@ class FakeSystemd:
         if name not in self.units:
             return None
         for unit, pids in list(self.units.items()):
-            if "-rank" in unit:
+            if unit == name if name.endswith(".scope") else "-rank" in unit:
                 for pid in pids:
                     try:
                         os.kill(pid, signal.SIGTERM)
