@@ -9,6 +9,7 @@ Exit codes (also in the README):
   69      something this machine must provide is missing (a systemd manager, journalctl, ...)
   70      internal error (a bug: rerun with --debug and report it)
   71      systemd, or a job's watcher on the bus, refused or failed an operation
+  143     `start`: the job was stopped from outside (`systemctl stop`) while its units were made
   73      a job with this id is already running
   75      multi-node: the job stopped because another node was lost (its watcher died,
           it stopped answering, or the store it served went away)

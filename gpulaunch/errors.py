@@ -91,6 +91,15 @@ class SystemdError(GpulaunchError):
     exit_code = 71  # EX_OSERR
 
 
+class StoppedWhileStartingError(GpulaunchError):
+    """The job's slice was stopped from outside (`systemctl stop`) while its units were made.
+
+    An interrupt, not a failure: the status is that of a SIGTERM.
+    """
+
+    exit_code = 143
+
+
 class WatcherCallError(GpulaunchError):
     """A job's watcher answered a call on the bus with an error we did not expect."""
 
