@@ -20,6 +20,7 @@ Exit codes:
   77      permission denied by systemd or the bus
   78      bad unit template or setting
   124     `start --hang-timeout`: the job hung (no rank printed or used CPU for that long)
+  143     `start`: the job was stopped from outside (`systemctl stop`) while its units were made
 """
 
 from __future__ import annotations
@@ -106,6 +107,15 @@ class SystemdError(GpulaunchError):
     """systemd refused or failed an operation for a reason not covered above."""
 
     exit_code = 71  # EX_OSERR
+
+
+class StoppedWhileStartingError(GpulaunchError):
+    """The job's slice was stopped from outside (`systemctl stop`) while its units were made.
+
+    An interrupt, not a failure: the status is that of a SIGTERM.
+    """
+
+    exit_code = 143
 
 
 class WatcherCallError(GpulaunchError):

@@ -2,6 +2,7 @@
 
 ```
 gpulaunch-<JOB>.slice
+├─ gpulaunch-<JOB>-anchor.service  waits for the watcher's pid (PropagatesStopTo= the job slice)
 ├─ gpulaunch-<JOB>-watcher.scope   the watcher (PropagatesStopTo= the job slice)
 └─ gpulaunch-<JOB>-ranks.slice     stopped as one when a rank fails
    └─ gpulaunch-<JOB>-rankN.scope  BindsTo= + After= the watcher scope
@@ -9,20 +10,30 @@ gpulaunch-<JOB>.slice
 
 The strongest containment gpulaunch has: if the watcher dies in any way, its
 scope ends, and systemd stops every rank (BindsTo=) and removes the job slice
-(PropagatesStopTo=) with no code of ours alive. See docs/architecture.md and
-systemd.scope(5), systemd.kill(5).
+(PropagatesStopTo=) with no code of ours alive; the anchor does the same for
+a watcher killed before its scope held it (supervisor/anchor.py). See
+docs/architecture.md and systemd.scope(5), systemd.kill(5).
+
+A lost connection to systemd (daemon-reexec) is reconnected once it is seen;
+the state of whatever we were waiting for is then read from the units, as
+their `JobRemoved` may have gone to the old connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from gpulaunch.errors import JobExistsError, SystemdError
-from gpulaunch.supervisor import SupervisorEvents, Watch
-from gpulaunch.supervisor.systemd_api import SystemdAPI
+from gpulaunch.supervisor import SupervisorEvents, Watch, anchor
+from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, SystemdAPI
+from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
+
+T = TypeVar("T")
 
 
 class SystemdSupervisor:
@@ -36,69 +47,104 @@ class SystemdSupervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: SupervisorEvents | None = None
         # systemd jobs we wait for, by object path.
-        self._awaited: dict[str, asyncio.Future[str]] = {}
+        self._awaited: dict[str, tuple[str, asyncio.Future[str]]] = {}
         self._rank_jobs: dict[str, int] = {}
         self._stop_job: str | None = None
+        self._watch: Watch | None = None
+        self._fd = -1
+        self._reconnected = False
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
     ) -> None:
         self._loop = loop
         self._events = events
-        watch(self.sd.fileno(), self._on_bus)
+        self._watch = watch
+        self._fd = self.sd.fileno()
+        watch(self._fd, self._on_bus)
 
     # -- creating ---------------------------------------------------------
 
     async def create(self, watcher_pids: Sequence[int]) -> None:
         """The job slice, the watcher's own scope (with the watcher inside), the ranks slice."""
         units = self.units
+        name = anchor.anchor_name(units.job_slice.name)
+        props = anchor.properties(
+            units.job_slice.name, f"gpulaunch job {units.job}", watcher_pids[0]
+        )
         try:
-            created = self._start(units.job_slice)
+            # The job slice and the anchor in one call: both exist, or neither does.
+            created = self._start_unit(
+                name, props, aux=[(units.job_slice.name, units.job_slice.properties)]
+            )
         except JobExistsError as exc:
             raise JobExistsError(
                 f"a job named {units.job!r} is already running ({units.job_slice.name})",
                 f"choose another --job, or stop that one: systemctl stop {units.job_slice.name}",
             ) from exc
         try:
-            await self._done(created, units.job_slice)
-            # From here on the watcher's death stops the job slice (PropagatesStopTo=)
-            # and, through BindsTo=, every rank: no code of ours needs to run for that.
-            await self._done(self._start(units.watcher, watcher_pids), units.watcher)
+            # From here on the watcher's death stops the job slice (the anchor's
+            # PropagatesStopTo=) and, through BindsTo=, every rank: no code of ours
+            # needs to run for that.
+            await self._done(created, name)
+            await self._done(self._start(units.watcher, watcher_pids), units.watcher.name)
         except BaseException:
-            self.sd.stop_unit(units.job_slice.name)
+            self._call(lambda: self.sd.stop_unit(units.job_slice.name))
             raise
         await self.renew_gang()
 
     async def renew_gang(self) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.
-        await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice)
+        await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice.name)
 
     def place(self, rank: int, pids: Sequence[int]) -> None:
-        path = self.sd.start_transient(
-            self.units.ranks[rank].name, self.units.ranks[rank].properties, pids
+        unit = self.units.ranks[rank]
+        path = self._create(
+            lambda: self.sd.start_transient(unit.name, unit.properties, pids), unit.name
         )
         self._rank_jobs[path] = rank
         self._on_bus()  # signals that arrived during the call wait in sd-bus's queue
 
     def _start(self, unit: UnitDefinition, pids: Sequence[int] = ()) -> asyncio.Future[str]:
+        return self._start_unit(unit.name, unit.properties, pids)
+
+    def _start_unit(
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
+    ) -> asyncio.Future[str]:
         assert self._loop is not None
-        path = self.sd.start_transient(unit.name, unit.properties, pids)
-        done = self._awaited[path] = self._loop.create_future()
+        path = self._create(
+            lambda: self.sd.start_transient(name, properties, pids, aux),
+            name,
+        )
+        done = self._loop.create_future()
+        self._awaited[path] = (name, done)
         self._on_bus()
         return done
 
-    async def _done(self, job: asyncio.Future[str], unit: UnitDefinition) -> None:
+    def _create(self, call: Callable[[], str], name: str) -> str:
+        """A StartTransientUnit call; a lost connection fails this start, cleanly."""
+        try:
+            return call()
+        except ConnectionLost as exc:
+            self._reconnect()
+            raise SystemdError(
+                f"systemd went away while creating {name} ({exc}); start the job again"
+            ) from exc
+
+    async def _done(self, job: asyncio.Future[str], name: str) -> None:
         result = await job
         if result != "done":
-            raise SystemdError(
-                f"systemd could not start {unit.name}: its start job ended '{result}'"
-            )
+            raise SystemdError(f"systemd could not start {name}: its start job ended '{result}'")
 
     # -- stopping ---------------------------------------------------------
 
     def stop_gang(self) -> None:
         """systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after TimeoutStopSec=."""
-        self._stop_job = self.sd.stop_unit(self.units.ranks_slice.name)
+        self._stop_job = self._call(lambda: self.sd.stop_unit(self.units.ranks_slice.name))
         self._on_bus()
         if self._stop_job is None:  # the slice is not loaded: nothing left to stop
             self._gang_stopped()
@@ -110,8 +156,11 @@ class SystemdSupervisor:
         self._on_bus()
 
     def kill_gang(self) -> None:
-        for unit in self.units.ranks:
-            self.sd.kill_unit(unit.name, signal.SIGKILL)
+        def kill_all() -> None:
+            for unit in self.units.ranks:
+                self.sd.kill_unit(unit.name, signal.SIGKILL)
+
+        self._call(kill_all)
         self._on_bus()
 
     def _gang_stopped(self) -> None:
@@ -120,14 +169,63 @@ class SystemdSupervisor:
 
     # -- the bus ----------------------------------------------------------
 
+    def _call(self, call: Callable[[], T]) -> T:
+        """An idempotent call (stop, kill): made again on a new connection if it was lost."""
+        try:
+            return call()
+        except ConnectionLost:
+            self._reconnect()
+            return call()
+
+    def _reconnect(self) -> None:
+        """A new connection, watched instead of the old; then what we missed."""
+        assert self._loop is not None and self._watch is not None
+        self._loop.remove_reader(self._fd)  # before the old fd is closed (its number is reused)
+        self.sd.reconnect()
+        self._fd = self.sd.fileno()
+        self._watch(self._fd, self._on_bus)
+        if not self._reconnected:
+            self._reconnected = True
+            print(
+                f"gpulaunch: warning: job {self.units.job}: the connection to systemd was "
+                "lost (daemon-reexec?); reconnected, the job goes on",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._settle_missed()
+
+    def _settle_missed(self) -> None:
+        """Jobs that ended while we were away: their result from their unit's state."""
+        missed: list[JobDone] = []
+        waiting = [(path, unit) for path, (unit, _) in self._awaited.items()]
+        waiting += [(path, self.units.ranks[r].name) for path, r in self._rank_jobs.items()]
+        if self._stop_job is not None:
+            waiting.append((self._stop_job, self.units.ranks_slice.name))
+        for path, unit in waiting:
+            state = self.sd.unit_state(unit)
+            if state.job_pending:
+                continue  # its JobRemoved will come on the new connection
+            stopping = path == self._stop_job
+            ok = state.active in (("inactive", "failed") if stopping else ("active", "reloading"))
+            missed.append(JobDone(path=path, unit=unit, result="done" if ok else "failed"))
+        self._handle(missed)
+
     def _on_bus(self) -> None:
+        try:
+            jobs = self.sd.events()
+        except ConnectionLost:
+            self._reconnect()
+            jobs = self.sd.events()
+        self._handle(jobs)
+
+    def _handle(self, jobs: Sequence[JobDone]) -> None:
         assert self._events is not None
-        for job in self.sd.events():
+        for job in jobs:
             if job.path == self._stop_job:
                 self._stop_job = None
                 self._gang_stopped()
             elif job.path in self._awaited:
-                future = self._awaited.pop(job.path)
+                _, future = self._awaited.pop(job.path)
                 if not future.done():
                     future.set_result(job.result)
             elif job.path in self._rank_jobs:

@@ -8,11 +8,30 @@ property signatures up in a global table that lacks several we need (`PIDs`,
 `CPUWeight`, `AllowedCPUs`, `DeviceAllow`, ...). Every `Property` from the
 codec carries its own signature, so we encode it with pystemd's
 `apply_signature` and never patch pystemd's table.
+
+Faults of the environment it survives (issue 13):
+
+- **Signals during a call.** sd-bus's synchronous calls wait in ppoll(), which
+  a signal interrupts (EINTR); the call's outcome is then unknown (the request
+  may have reached systemd). So every call runs with the process's signals
+  blocked (`_signals_held`): they stay pending and reach the watcher's wakeup
+  fd right after the call. EINTR is never an error.
+- **A lost connection.** As root, the system manager is reached on its private
+  socket (`/run/systemd/private`), which needs no D-Bus daemon: `systemctl
+  restart dbus` does not touch it. `systemctl daemon-reexec` closes every
+  connection (the system bus's too, for the calls in flight): `events` raises
+  `ConnectionLost`, and the caller `reconnect`s, subscribes again and reads the
+  state of the units whose jobs it was waiting for (their `JobRemoved` may be
+  lost). The caller reconnects: it owns the watch on the connection's fd.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import errno
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -22,16 +41,18 @@ from pystemd.dbusexc import (
     DBusBaseError,
     DBusInteractiveAuthorizationRequiredError,
     DBusInvalidArgsError,
+    DBusNoReplyError,
     DBusNoSuchUnitError,
     DBusPropertyReadOnlyError,
     DBusUnixProcessIdUnknownError,
 )
-from pystemd.dbuslib import DBus, apply_signature
+from pystemd.dbuslib import DBus, DBusAddress, apply_signature
 
 from gpulaunch.errors import (
     AccessDeniedError,
     JobExistsError,
     NoSystemdError,
+    StoppedWhileStartingError,
     SystemdError,
     TemplateError,
 )
@@ -41,7 +62,27 @@ from gpulaunch.units.codec import Property
 _DEST = b"org.freedesktop.systemd1"
 _PATH = b"/org/freedesktop/systemd1"
 _MANAGER = b"org.freedesktop.systemd1.Manager"
+_UNIT = b"org.freedesktop.systemd1.Unit"
+_PROPERTIES = b"org.freedesktop.DBus.Properties"
 _UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
+# A unit of a slice whose stop job is queued cannot be started: stopped from outside.
+_DESTRUCTIVE = "org.freedesktop.systemd1.TransactionIsDestructive"
+# The system manager's own socket: no D-Bus daemon between us (root only).
+PRIVATE_SOCKET = "/run/systemd/private"
+# What sd-bus answers once the peer closed the connection (or never answered).
+_LOST = frozenset({errno.ECONNRESET, errno.ENOTCONN, errno.EPIPE, errno.ESHUTDOWN})
+# Signals we hold during a synchronous call: every catchable one that is not a fault.
+_HELD = frozenset(signal.valid_signals()) - {
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGTRAP,
+    signal.SIGSYS,
+    signal.SIGABRT,
+}
 # pystemd's process() hides sd_bus_process()'s "did work" result, and sd-bus
 # sometimes does internal work (a reply to one of its own calls) that fires
 # no callback. Every message that reaches us fires one of ours, so a few calls
@@ -52,6 +93,32 @@ NO_SYSTEMD_HINT = (
     "gpulaunch needs a running systemd: on a host booted with it, or in a container "
     "that runs it as PID 1 (e.g. podman run --systemd=always)"
 )
+
+
+class ConnectionLost(Exception):
+    """The connection to the manager is gone (daemon-reexec, a bus restart): `reconnect`."""
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block signals for the duration of a synchronous call (see the module docstring)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _lost(exc: BaseException) -> bool:
+    return isinstance(exc, DBusBaseError) and abs(getattr(exc, "errno", 0) or 0) in _LOST
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """A unit's `ActiveState` and whether a job of it is still queued or running."""
+
+    active: str
+    job_pending: bool
 
 
 @dataclass(frozen=True)
@@ -69,7 +136,11 @@ class SystemdAPI(Protocol):
     def fileno(self) -> int: ...
 
     def start_transient(
-        self, name: str, properties: Sequence[Property], pids: Sequence[int] = ()
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
     ) -> str: ...
 
     def stop_unit(self, name: str) -> str | None: ...
@@ -77,6 +148,10 @@ class SystemdAPI(Protocol):
     def kill_unit(self, name: str, signum: int) -> None: ...
 
     def events(self) -> list[JobDone]: ...
+
+    def reconnect(self) -> None: ...
+
+    def unit_state(self, name: str) -> UnitState: ...
 
 
 def _text(value: object) -> str:
@@ -123,20 +198,33 @@ class Systemd:
         self._callbacks: list[_Counter] = []
 
     def __enter__(self) -> Systemd:
-        user = self.manager is Manager.USER
-        bus = DBus(user_mode=user)
+        self._open()
+        return self
+
+    def _open(self) -> None:
+        private = self.manager is Manager.SYSTEM and _private_socket_usable()
+        bus: Any = (
+            DBusAddress(f"unix:path={PRIVATE_SOCKET}".encode(), peer_to_peer=True)
+            if private
+            else DBus(user_mode=self.manager is Manager.USER)
+        )
         try:
-            bus.open()
+            with _signals_held():
+                bus.open()
         except DBusBaseError as exc:
             raise self._no_manager(exc) from exc
         self._bus = bus
+        self._callbacks = []
         try:
             self._call(b"Subscribe", [], what="subscribe to")
             job_removed = _Counter(self._removed)
             # Everything the bus daemon sends us unasked must hit a callback too,
             # so that `events` can tell an empty queue (see _QUIET_CALLS).
             self._callbacks.append(job_removed)
-            bus.match_signal(_DEST, _PATH, _MANAGER, b"JobRemoved", job_removed)
+            # A direct connection's messages carry no sender: match any.
+            bus.match_signal(
+                None if private else _DEST, _PATH, _MANAGER, b"JobRemoved", job_removed
+            )
             for member in (b"NameAcquired", b"NameLost"):
                 counter = _Counter(None)
                 self._callbacks.append(counter)
@@ -146,7 +234,15 @@ class Systemd:
         except BaseException:
             self.close()
             raise
-        return self
+
+    def reconnect(self) -> None:
+        """A new connection after `ConnectionLost`, subscribed again; a new `fileno`.
+
+        Jobs that finished while we were away sent their `JobRemoved` to nobody:
+        ask `unit_state` about the ones you were waiting for.
+        """
+        self.close()
+        self._open()
 
     def __exit__(
         self,
@@ -176,9 +272,19 @@ class Systemd:
             f"cannot reach the systemd system manager ({_error_message(exc)})", NO_SYSTEMD_HINT
         )
 
-    def _call(self, method: bytes, args: list[Any], *, what: str, unit: str = "") -> Any:
+    def _call(
+        self,
+        method: bytes,
+        args: list[Any],
+        *,
+        what: str,
+        unit: str = "",
+        path: bytes = _PATH,
+        interface: bytes = _MANAGER,
+    ) -> Any:
         try:
-            reply = self._bus.call_method(_DEST, _PATH, _MANAGER, method, args)
+            with _signals_held():
+                reply = self._bus.call_method(_DEST, path, interface, method, args)
         except (DBusAccessDeniedError, DBusInteractiveAuthorizationRequiredError) as exc:
             where = "the system manager" if self.manager is Manager.SYSTEM else "your user manager"
             raise AccessDeniedError(
@@ -193,30 +299,41 @@ class Systemd:
                 "org.freedesktop.DBus.Error.NameHasNoOwner",
             ) or type(exc).__name__ in ("DBusServiceUnknownError", "DBusNameHasNoOwnerError"):
                 raise self._no_manager(exc) from exc
+            if _lost(exc) or isinstance(exc, DBusNoReplyError):
+                raise ConnectionLost(f"{what} {unit}: {_error_message(exc)}") from exc
             raise
         return reply.body
 
     def start_transient(
-        self, name: str, properties: Sequence[Property], pids: Sequence[int] = ()
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
     ) -> str:
         """Ask systemd to create and start a transient unit; returns the start job's path.
 
-        The reply comes before the job ran: wait for `JobDone` with this path.
+        `aux`: units created in the same call (all of them or none), started
+        only as the main unit's dependencies. The reply comes before the job
+        ran: wait for `JobDone` with this path. `ConnectionLost`: whether the
+        unit was created is unknown.
         """
         args: list[Any] = apply_signature(b"ss", [name.encode(), b"fail"])
         props = list(properties)
         if pids:
             props.append(Property("PIDs", "au", list(pids)))
-        args += [(ord("a"), b"(sv)")]
-        for prop in props:
-            sig = prop.signature.encode()
-            args += [(ord("r"), b"sv"), (ord("s"), prop.name.encode()), (ord("v"), sig)]
-            args += apply_signature(sig, [_encode(prop.value)])
-            args += [(-1, None), (-1, None)]
+        args += _properties(props)
+        args += [(ord("a"), b"(sa(sv))")]
+        for aux_name, aux_props in aux:
+            args += [(ord("r"), b"sa(sv)"), (ord("s"), aux_name.encode())]
+            args += _properties(aux_props) + [(-1, None)]
         args += [(-1, None)]
-        args += [(ord("a"), b"(sa(sv))"), (-1, None)]  # no auxiliary units
         try:
             path = self._call(b"StartTransientUnit", args, what="create", unit=name)
+        except ConnectionLost as exc:
+            raise SystemdError(
+                f"systemd went away while creating {name} ({exc.__cause__}); start the job again"
+            ) from exc
         except DBusBaseError as exc:
             raise self._start_error(name, exc) from exc
         return _text(path)
@@ -225,6 +342,10 @@ class Systemd:
         message = _error_message(exc)
         if _error_name(exc) == _UNIT_EXISTS:
             return JobExistsError(f"unit {name} already exists", None)
+        if _error_name(exc) == _DESTRUCTIVE:
+            return StoppedWhileStartingError(
+                f"the job was stopped from outside while it started ({name}: {message})"
+            )
         if isinstance(exc, DBusPropertyReadOnlyError):
             return TemplateError(f"systemd refused a setting of {name}: {message}")
         if isinstance(exc, DBusInvalidArgsError):
@@ -234,7 +355,10 @@ class Systemd:
         return SystemdError(f"systemd could not create {name}: {message}")
 
     def stop_unit(self, name: str) -> str | None:
-        """Stop a unit; returns the stop job's path, or None if it is not loaded."""
+        """Stop a unit; returns the stop job's path, or None if it is not loaded.
+
+        Stopping twice is harmless: after `ConnectionLost`, ask again.
+        """
         try:
             path = self._call(
                 b"StopUnit",
@@ -262,12 +386,42 @@ class Systemd:
         except DBusBaseError as exc:
             raise SystemdError(f"systemd could not kill {name}: {_error_message(exc)}") from exc
 
+    def unit_state(self, name: str) -> UnitState:
+        """`ActiveState` of a unit ("inactive" if it is not loaded) and whether it has a job."""
+        try:
+            path = self._call(b"GetUnit", apply_signature(b"s", [name.encode()]), what="find")
+            props = self._call(
+                b"GetAll",
+                apply_signature(b"s", [_UNIT]),
+                what="read",
+                unit=name,
+                path=path if isinstance(path, bytes) else str(path).encode(),
+                interface=_PROPERTIES,
+            )
+        except DBusNoSuchUnitError:
+            return UnitState("inactive", False)
+        except DBusBaseError as exc:
+            if _error_name(exc) == "org.freedesktop.DBus.Error.UnknownObject":
+                return UnitState("inactive", False)  # garbage-collected in between
+            raise SystemdError(f"systemd could not tell the state of {name}: {exc}") from exc
+        values = {_text(k): v for k, v in (props.items() if isinstance(props, dict) else props)}
+        job = values.get("Job", (0, b"/"))
+        return UnitState(_text(values.get("ActiveState", b"inactive")), bool(job and job[0]))
+
     def events(self) -> list[JobDone]:
-        """Dispatch everything the bus has for us and return the jobs that finished."""
+        """Dispatch everything the bus has for us and return the jobs that finished.
+
+        Raises `ConnectionLost` when the connection is gone (then `reconnect`).
+        """
         quiet = 0
         while quiet < _QUIET_CALLS:
             fired = sum(c.fired for c in self._callbacks)
-            self._bus.process()
+            try:
+                self._bus.process()
+            except DBusBaseError as exc:
+                if _lost(exc):
+                    raise ConnectionLost(_error_message(exc)) from exc
+                raise
             quiet = quiet + 1 if sum(c.fired for c in self._callbacks) == fired else 0
         done = [
             JobDone(path=_text(body[1]), unit=_text(body[2]), result=_text(body[3]))
@@ -275,6 +429,22 @@ class Systemd:
         ]
         self._removed.clear()
         return done
+
+
+def _private_socket_usable() -> bool:
+    """Root can talk to the system manager directly, without the D-Bus daemon."""
+    return os.geteuid() == 0 and os.access(PRIVATE_SOCKET, os.W_OK)
+
+
+def _properties(props: Sequence[Property]) -> list[Any]:
+    """An `a(sv)` of typed properties, in pystemd's argument form."""
+    args: list[Any] = [(ord("a"), b"(sv)")]
+    for prop in props:
+        sig = prop.signature.encode()
+        args += [(ord("r"), b"sv"), (ord("s"), prop.name.encode()), (ord("v"), sig)]
+        args += apply_signature(sig, [_encode(prop.value)])
+        args += [(-1, None), (-1, None)]
+    return args + [(-1, None)]
 
 
 def _encode(value: object) -> object:

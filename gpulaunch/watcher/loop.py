@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from gpulaunch.errors import GpulaunchError
+from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
 from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.model import (
@@ -249,6 +249,9 @@ class Watcher(EventLoop):
             assert rank.child is not None and rank.pump is not None
             try:
                 self.supervisor.place(index, (rank.child.pid, rank.pump.pid))
+            except StoppedWhileStartingError:  # systemctl stop of the job: an interrupt
+                self.interrupt = self.interrupt or (self.clock(), signal.SIGTERM)
+                return
             except GpulaunchError as exc:
                 self.start_error = exc
                 return

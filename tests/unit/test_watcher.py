@@ -17,8 +17,9 @@ import pytest
 
 from gpulaunch.errors import JobExistsError, SystemdError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
+from gpulaunch.supervisor.anchor import anchor_name
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.supervisor.systemd_api import JobDone
+from gpulaunch.supervisor.systemd_api import JobDone, UnitState
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.names import UnitNames
@@ -50,13 +51,19 @@ class FakeSystemd:
         return self._r
 
     def start_transient(
-        self, name: str, properties: Sequence[Property], pids: Sequence[int] = ()
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
     ) -> str:
         self.calls.append(("start", name))
+        self.calls.extend(("aux", unit) for unit, _ in aux)
         if name == self.fail_start:
             raise SystemdError(f"systemd could not create {name}: test")
-        if name in self.units:
+        if any(unit in self.units for unit in (name, *(u for u, _ in aux))):
             raise JobExistsError(f"unit {name} already exists")
+        self.units.update((unit, []) for unit, _ in aux)
         self.units[name] = list(pids)
         return self._job(
             name, self.start_result if name.endswith(".scope") and "-rank" in name else "done"
@@ -85,6 +92,12 @@ class FakeSystemd:
                 os.kill(pid, signum)
             except ProcessLookupError:
                 pass
+
+    def reconnect(self) -> None:
+        raise AssertionError("the fake never loses its connection")
+
+    def unit_state(self, name: str) -> UnitState:
+        return UnitState("active" if name in self.units else "inactive", False)
 
     def events(self) -> list[JobDone]:
         try:
@@ -176,8 +189,10 @@ def test_all_succeed(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     assert [r.exit.code for r in report.ranks if r.exit] == [0, 0]
     # the ranks slice is stopped at the end even on success (leftover grandchildren)
     assert ("stop", units.ranks_slice.name) in sd.calls
-    assert [c for c in sd.calls if c[0] == "start"][:3] == [
-        ("start", units.job_slice.name),
+    # the job slice comes with the anchor, in one call (supervisor/anchor.py)
+    assert [c for c in sd.calls if c[0] in ("start", "aux")][:4] == [
+        ("start", anchor_name(units.job_slice.name)),
+        ("aux", units.job_slice.name),
         ("start", units.watcher.name),
         ("start", units.ranks_slice.name),
     ]
@@ -308,11 +323,15 @@ class SignalDuringStart(FakeSystemd):
         self.wakeup, self.at = wakeup, at
 
     def start_transient(
-        self, name: str, properties: Sequence[Property], pids: Sequence[int] = ()
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
     ) -> str:
         if name.endswith(f"-rank{self.at}.scope"):
             self.wakeup.send(bytes([signal.SIGTERM]))
-        return super().start_transient(name, properties, pids)
+        return super().start_transient(name, properties, pids, aux)
 
 
 def test_sigterm_while_ranks_are_forked_stops_forking(

@@ -1,0 +1,122 @@
+"""Faults of the environment during a job (issue 13, items 2-4): the job survives them,
+or fails with one clear line; nothing of it is ever left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from sdbox.box import cgroup2_root
+from tests.integration.jobs import Job, wait_until
+from tests.integration.test_dbus import gl, one_line_error
+from tests.integration.test_start import assert_clean
+
+
+def slice_dir(job: Job) -> Path:
+    """The job slice's cgroup as the host sees it (it exists once systemd created the slice)."""
+    root = getattr(job.box, "cgroup", None) or cgroup2_root()
+    return Path(root) / "gpulaunch.slice" / job.names.job_slice
+
+
+def when_the_slice_exists(job: Job, proc: subprocess.Popen[str], delay: float) -> bool:
+    """Wait (test code) until the job slice's cgroup exists, then `delay` s; False if it ended."""
+    path = slice_dir(job)
+    while not path.exists():
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.001)
+    time.sleep(delay)
+    return proc.poll() is None
+
+
+def record(job: Job) -> dict[str, Any]:
+    """The job's journal record, as `gpulaunch status --json` reads it after the end."""
+    res = gl(job, "status", "--json", job.id)
+    assert res.returncode == 0, res.stderr
+    view: dict[str, Any] = json.loads(res.stdout)
+    return view
+
+
+def test_watcher_sigkill_at_random_instants_of_start_up(job: Job) -> None:
+    """Killed at any instant of its start-up, a watcher leaves nothing: the same --job starts."""
+    rng = random.Random(13)  # seeded: a failing instant can be replayed
+    leaks = []
+    for i in range(30):
+        proc = job.popen("--nproc", "2", script_args=["--sleep", "300"])
+        try:
+            if i % 2:  # around the creation of the units
+                if not when_the_slice_exists(job, proc, rng.uniform(0, 0.03)):
+                    raise AssertionError(f"run {i} ended by itself: {proc.communicate()}")
+            else:  # anywhere in the first 300 ms of the command
+                time.sleep(rng.uniform(0, 0.3))
+            os.kill(job.box.inner_pid(proc), signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.communicate(timeout=60)
+        try:
+            wait_until(lambda: not job.units(), 5, "the job's units to go away")
+        except AssertionError:
+            leaks.append((i, job.units()))
+            job.stop()
+    assert leaks == []
+    res = job.run("--nproc", "1")
+    assert res.returncode == 0, res.stderr
+    assert_clean(job)
+
+
+def test_outside_stops_and_sigterms_at_random_instants(job: Job) -> None:
+    """`systemctl stop <job slice>` (the README's way) and SIGTERM, at any instant after the
+    units exist: 143 and a record, never "Interrupted system call" (71)."""
+    rng = random.Random(3)
+    ends = []
+    for i in range(20):
+        proc = job.popen("--nproc", "4", script_args=["--sleep", "300"])
+        assert when_the_slice_exists(job, proc, rng.uniform(0, 0.4)), proc.communicate()
+        if i % 2:
+            job.box.run(["systemctl", "stop", job.names.job_slice], capture_output=True)
+        else:
+            os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        ends.append((i, proc.returncode, err.strip().splitlines()[-1:]))
+        assert proc.returncode == 143, ends
+        assert "Interrupted system call" not in err and "internal error" not in err, err
+        final = record(job)
+        assert final["status"] == 143, ends
+        if i % 2 == 0:  # (what an outside stop is called: issue 13, item 5)
+            assert final["cause"] == "interrupted", ends
+        assert_clean(job)
+
+
+def test_job_survives_a_restart_of_dbus(job: Job) -> None:
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "4"])
+    for rank in range(2):
+        job.wait_file(f"rank{rank}.ready")
+    res = job.box.run(["systemctl", "restart", "dbus"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "internal error" not in err and "Traceback" not in err, err
+    assert record(job)["status"] == 0
+    assert_clean(job)
+
+
+def test_daemon_reexec_during_start_up(job: Job) -> None:
+    """Either the job runs to its end or it fails with one clear line; nothing is left."""
+    outcomes = []
+    for delay in (0.0, 0.01, 0.05):
+        proc = job.popen("--nproc", "4", script_args=["--sleep", "1"])
+        assert when_the_slice_exists(job, proc, delay), proc.communicate()
+        job.box.run(["systemctl", "daemon-reexec"], capture_output=True, timeout=60)
+        _, err = proc.communicate(timeout=120)
+        outcomes.append(proc.returncode)
+        if proc.returncode != 0:
+            one_line_error(subprocess.CompletedProcess([], proc.returncode, "", err), 71)
+        assert "internal error" not in err, err
+        assert_clean(job)
+    print("daemon-reexec during start-up:", outcomes)
