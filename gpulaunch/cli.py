@@ -11,11 +11,12 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from gpulaunch.errors import GpulaunchError, UsageError
+from gpulaunch.jobapi.parsers import add_parsers as add_job_parsers
 from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
-from gpulaunch.model import Manager
+from gpulaunch.model import Manager, SupervisorKind
 from gpulaunch.multinode.options import NodeOptions
 from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.placement import Resources
@@ -65,7 +66,8 @@ TORCHRUN_ONLY = {
     ("--logs-specs", "--logs_specs"): "use --log-dir",
     ("--numa-binding", "--numa_binding"): "use --cpu-bind numa",
     ("--signals-to-handle", "--signals_to_handle"): "SIGINT, SIGTERM and SIGHUP stop the "
-    "job through systemd",
+    "job; SIGUSR1 and SIGUSR2 are passed on to the ranks (--signal-whole-rank: to all their "
+    "processes)",
 }
 
 
@@ -246,6 +248,19 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         help="look for unit templates here first (repeatable)",
     )
     _add_manager_options(p, "the job's units")
+    p.add_argument(
+        "--supervisor",
+        choices=[kind.value for kind in SupervisorKind],
+        default=SupervisorKind.AUTO.value,
+        help="who contains and stops the ranks: systemd (scopes and slices), direct (the "
+        "watcher: its own cgroups, else process groups) or auto (default: direct in a Slurm "
+        "step or where no systemd manager answers; see docs/environments.md)",
+    )
+    p.add_argument(
+        "--signal-whole-rank",
+        action="store_true",
+        help="pass SIGUSR1/SIGUSR2 on to every process of each rank, not only its main one",
+    )
     p.add_argument("script", help="the training script (run with this Python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -329,54 +344,6 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_job_commands(sub: Any) -> None:
-    """list, status, stop, wait (gpulaunch/jobapi/commands.py) and logs (logs/journal.py)."""
-    from gpulaunch.jobapi.commands import RECENT
-
-    p = sub.add_parser("list", help="list running jobs (--all: and recently finished ones)")
-    p.add_argument(
-        "--all", "-a", action="store_true", help="also show jobs that ended (from the journal)"
-    )
-    p.add_argument(
-        "--limit",
-        type=int,
-        default=RECENT,
-        metavar="N",
-        help=f"with --all: how many ended jobs at most (default: {RECENT})",
-    )
-    _add_manager_options(p)
-    p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    p.set_defaults(func=_command("jobapi.commands", "cmd_list"))
-
-    p = sub.add_parser("status", help="a job's ranks and states, or its final report")
-    p.add_argument("job", metavar="JOB")
-    _add_manager_options(p)
-    p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    p.set_defaults(func=_command("jobapi.commands", "cmd_status"))
-
-    p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
-    p.add_argument("job", metavar="JOB")
-    p.add_argument(
-        "--no-block", action="store_true", help="return once the stop was accepted, do not wait"
-    )
-    _add_manager_options(p)
-    p.set_defaults(func=_command("jobapi.commands", "cmd_stop"))
-
-    p = sub.add_parser("wait", help="wait until a job ends; exit with its status")
-    p.add_argument("job", metavar="JOB")
-    _add_manager_options(p)
-    p.set_defaults(func=_command("jobapi.commands", "cmd_wait"))
-
-    p = sub.add_parser("logs", help="show a job's rank output from the journal")
-    p.add_argument("job", help="the job id")
-    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
-    p.add_argument("-f", "--follow", action="store_true", help="keep showing new lines")
-    p.add_argument("--since", metavar="TIME", help="only lines since TIME (journalctl --since)")
-    p.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
-    _add_manager_options(p, "logs")
-    p.set_defaults(func=_command("logs.journal", "cmd_logs"))
-
-
 Command = Callable[[argparse.Namespace], int]
 
 
@@ -411,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_start_options(render)
     _add_torchrun_options(render)
     render.set_defaults(func=cmd_render)
-    _add_job_commands(sub)
+    add_job_parsers(sub, _add_manager_options, _command)
     add_system_parsers(parser, sub, _add_manager_options)
     return parser
 
@@ -447,6 +414,8 @@ def start_options(args: argparse.Namespace) -> StartOptions:
             rdzv_conf=args.rdzv_conf,
             local_addr=args.local_addr,
         ),
+        signal_whole_rank=args.signal_whole_rank,
+        supervisor=SupervisorKind(args.supervisor),
     )
 
 

@@ -47,12 +47,12 @@ def render(opts: StartOptions) -> int:
 
 def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
     """`gpulaunch start`: run the job to its end; returns its status."""
+    from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
     from gpulaunch.logs.pump import journal_reachable
     from gpulaunch.multinode.peerlink import PeerLink
-    from gpulaunch.supervisor.systemd import SystemdSupervisor
-    from gpulaunch.supervisor.systemd_api import Systemd  # pystemd: only to run jobs
+    from gpulaunch.supervisor.choose import open_supervisor
     from gpulaunch.watcher.loop import Watcher
 
     spec, units = plan(opts)
@@ -83,18 +83,34 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
             assert spec.layout is not None
             output.place_node(spec.layout.first_rank, spec.world_size)
 
+        def warn(text: str) -> None:
+            output.message(f"gpulaunch: warning: {text}")
+
+        chosen = open_supervisor(opts.supervisor, spec, units, os.environ, stack, warn)
+        direct = chosen.supervisor.name == "direct"
+
         def announce() -> None:
-            output.message(f"gpulaunch: job {spec.job}: {_where(spec)}")
+            output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
+            output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
             if detached is not None:
                 detached.started()
 
-        systemd = stack.enter_context(Systemd(spec.manager))
+        def signal_ranks(signum: int, rank: int | None) -> int:
+            return watcher.signal_ranks(signum, rank)
+
+        # the records first: Finished says they exist. Without systemd, a record file too,
+        # and a bus is welcome but not needed.
+        observers = (
+            *((FileRecorder(warn),) if direct else ()),
+            Recorder(warn=(lambda _: None) if direct else None),  # the file has it then
+            JobPublisher(signal_ranks=signal_ranks, optional=direct),
+        )
         watcher = Watcher(
             spec,
-            SystemdSupervisor(systemd, units),
+            chosen.supervisor,
             wakeup,
             on_created=announce,
-            observers=(Recorder(), JobPublisher()),  # the record first: Finished says it exists
+            observers=observers,
             output=output,
             journal=journal_problem is None,
             peer=peer,
@@ -120,14 +136,14 @@ def _warn_about(spec: JobSpec, output: Output) -> None:
         )
 
 
-def _where(spec: JobSpec) -> str:
+def _where(spec: JobSpec, where: str) -> str:
     """Where the job's ranks run, for the start line."""
     if spec.layout is None:
-        return f"{spec.nproc} ranks in {spec.names.job_slice}"
+        return f"{spec.nproc} ranks in {where}"
     first = spec.layout.first_rank
     return (
         f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"
-        f"{first + spec.nproc - 1} of {spec.world_size} in {spec.names.job_slice}"
+        f"{first + spec.nproc - 1} of {spec.world_size} in {where}"
     )
 
 

@@ -16,7 +16,6 @@ event. asyncio because the libraries that publish objects on D-Bus need it.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import time
@@ -44,10 +43,11 @@ from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
-from gpulaunch.watcher.interrupts import pending
+from gpulaunch.watcher.interrupts import NOTICES, pending
+from gpulaunch.watcher.notices import pass_on
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
-from gpulaunch.watcher.procs import fork_held, kill_held, reap, spawn_held
+from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank
 
 T = TypeVar("T")
@@ -310,7 +310,8 @@ class Watcher:
         error_file = self._errors.path(self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         try:
-            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w})
+            death = self.supervisor.parent_death_signal
+            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w}, death)
             rank.born_at = self.clock()
             self._advance(rank, RankState.HELD)
             self._watch(rank.child.pidfd, self._exit_handler(rank))
@@ -318,6 +319,7 @@ class Watcher:
                 lambda: run_pump({"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target),
                 {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
                 ignore=IGNORED_SIGNALS,
+                death_signal=death,
             )
             self._watch(rank.pump.pidfd, self._pump_handler(rank))
         finally:
@@ -330,7 +332,9 @@ class Watcher:
 
     def _on_signal(self) -> None:
         for signum in pending(self.wakeup_fd):
-            if self.interrupt is None:
+            if signum in NOTICES:  # not a stop: passed on to the ranks
+                self.signal_ranks(signum)
+            elif self.interrupt is None:
                 self.interrupt = (self.clock(), signum)
                 if self.nodes is not None:
                     self.nodes.offer_interrupt(signum)
@@ -338,6 +342,10 @@ class Watcher:
                     self._begin_stop()
             else:
                 self._kill_now()
+
+    def signal_ranks(self, signum: int, rank: int | None = None) -> int:
+        """A notice to the running ranks (watcher/notices.py); how many got it."""
+        return pass_on(self.ranks, self.supervisor, self.spec.signal_whole_rank, signum, rank)
 
     # -- what the supervisor says (gpulaunch.supervisor.SupervisorEvents) --
 
@@ -449,22 +457,7 @@ class Watcher:
 
     def _kill_and_reap_all(self) -> None:
         """On any error path: no child of ours outlives this function."""
-        for child in [c for r in self.ranks for c in (r.child, r.pump)]:
-            if child is None or child.pidfd < 0:
-                continue
-            child.abandon()
-            try:
-                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                reap(child.pidfd)
-            except ChildProcessError:
-                pass
-            except OSError as exc:  # pragma: no cover - defensive
-                if exc.errno != errno.ECHILD:
-                    raise
-            child.close()
+        kill_and_reap([c for r in self.ranks for c in (r.child, r.pump) if c is not None])
 
     # -- the outcome ------------------------------------------------------
 
