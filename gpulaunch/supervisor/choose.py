@@ -15,15 +15,9 @@ from dataclasses import dataclass
 
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.model import JobSpec, SupervisorKind
+from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.units.definitions import JobUnits
-
-
-def resource_manager_step(env: Mapping[str, str]) -> str | None:
-    """The resource manager's step we run in, if any (its cgroup is not ours to leave)."""
-    if env.get("SLURM_STEP_ID") is not None and env.get("SLURM_JOB_ID") is not None:
-        return f"Slurm step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
-    return None
 
 
 @dataclass(frozen=True)
