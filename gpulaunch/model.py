@@ -21,6 +21,14 @@ class Manager(enum.StrEnum):
     USER = "user"
 
 
+class SupervisorKind(enum.StrEnum):
+    """Who contains and stops a job's ranks (`--supervisor`; gpulaunch/supervisor/choose.py)."""
+
+    SYSTEMD = "systemd"  # scopes and slices of a systemd manager
+    DIRECT = "direct"  # the watcher: its own cgroups, else process groups
+    AUTO = "auto"  # direct in a Slurm step or without a manager, else systemd
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """One rank as planned: what runs, with which environment, in which unit."""
@@ -57,6 +65,7 @@ class JobSpec:
     command: tuple[str, ...] = ()  # what the user asked to run, as given (for descriptions)
     node_config: NodeConfig | None = None  # multi-node: how this node joins the others
     layout: Layout | None = None  # multi-node: where the rendezvous put this node
+    signal_whole_rank: bool = False  # SIGUSR1/2 to every process of a rank, not only its main
 
 
 class RankState(enum.StrEnum):

@@ -31,7 +31,15 @@ JOURNAL_STDOUT = "/run/systemd/journal/stdout"
 JOURNAL_BACKLOG = 16 << 20  # bytes a pump holds for journald before the rank must wait
 JOURNAL_DRAIN_TIMEOUT = 60.0  # at most this long for journald to read a finished stream
 # The pump drains the rank's pipes to the end; a broken watcher pipe is handled.
-IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)
+# A notice to a whole rank (SIGUSR1/2, --signal-whole-rank) is not for the pump either.
+IGNORED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGPIPE,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 CHUNK = 65536
 
 # syslog priorities (sd-daemon.h): stdout as info, stderr as err.

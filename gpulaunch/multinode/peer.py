@@ -47,7 +47,7 @@ from gpulaunch.multinode.protocol import (
     decode,
     encode,
 )
-from gpulaunch.watcher.interrupts import INTERRUPTS
+from gpulaunch.watcher.interrupts import INTERRUPTS, NOTICES
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)
@@ -294,7 +294,7 @@ def _thread(target: Callable[[], None], name: str) -> None:
 
 def main() -> int:
     # The watcher handles the terminal's and systemd's signals and tells us what to do.
-    for sig in INTERRUPTS:
+    for sig in INTERRUPTS | NOTICES:
         signal.signal(sig, signal.SIG_IGN)
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     die_with_watcher(signal.SIGKILL)

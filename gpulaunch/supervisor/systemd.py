@@ -40,6 +40,7 @@ class SystemdSupervisor:
     """Scopes and slices of the system or a user manager (gpulaunch.supervisor.Supervisor)."""
 
     name = "systemd"
+    parent_death_signal = 0  # the rank scopes are BindsTo= the watcher's: systemd stops them
 
     def __init__(self, systemd: SystemdAPI, units: JobUnits) -> None:
         self.sd = systemd
@@ -161,6 +162,10 @@ class SystemdSupervisor:
                 self.sd.kill_unit(unit.name, signal.SIGKILL)
 
         self._call(kill_all)
+        self._on_bus()
+
+    def signal_rank(self, rank: int, signum: int) -> None:
+        self.sd.kill_unit(self.units.ranks[rank].name, signum)
         self._on_bus()
 
     def _gang_stopped(self) -> None:

@@ -40,7 +40,8 @@ from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, stop_others
 from gpulaunch.watcher.eventloop import EventLoop
 from gpulaunch.watcher.hangwatch import HangWatch
-from gpulaunch.watcher.interrupts import pending
+from gpulaunch.watcher.interrupts import NOTICES, pending
+from gpulaunch.watcher.notices import pass_on
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
@@ -277,7 +278,8 @@ class Watcher(EventLoop):
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         try:
-            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w})
+            death = self.supervisor.parent_death_signal
+            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w}, death)
             rank.born_at = self.clock()
             self._advance(rank, RankState.HELD)
             self._watch(rank.child.pidfd, self._exit_handler(rank))
@@ -287,6 +289,7 @@ class Watcher(EventLoop):
                 ),
                 {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
                 ignore=IGNORED_SIGNALS,
+                death_signal=death,
             )
             self._watch(rank.pump.pidfd, self._pump_handler(rank))
         finally:
@@ -299,7 +302,9 @@ class Watcher(EventLoop):
 
     def _on_signal(self) -> None:
         for signum in pending(self.wakeup_fd):
-            if self.interrupt is None:
+            if signum in NOTICES:  # not a stop: passed on to the ranks
+                self.signal_ranks(signum)
+            elif self.interrupt is None:
                 self.interrupt = (self.clock(), signum)
                 if self.nodes is not None:
                     self.nodes.offer_interrupt(signum)
@@ -307,6 +312,10 @@ class Watcher(EventLoop):
                     self._begin_stop()
             else:
                 self._kill_now()
+
+    def signal_ranks(self, signum: int, rank: int | None = None) -> int:
+        """A notice to the running ranks (watcher/notices.py); how many got it."""
+        return pass_on(self.ranks, self.supervisor, self.spec.signal_whole_rank, signum, rank)
 
     # -- what the supervisor says (gpulaunch.supervisor.SupervisorEvents) --
 
