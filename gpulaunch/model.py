@@ -221,6 +221,8 @@ class JobReport:
     cause_rank: int | None
     interrupt_signal: int | None
     ranks: tuple[RankResult, ...] = field(default_factory=tuple)
+    # interrupted, not by a signal to the watcher: "gpulaunch stop", "a stop of X from outside"
+    interrupted_by: str | None = None
     error: str | None = None
     log_drops: tuple[LogDrop, ...] = ()
     restarts: int = 0  # how many times the gang was restarted (--max-restarts)

@@ -16,10 +16,8 @@ def headline(report: JobReport) -> str:
         return f"gpulaunch: job {report.job} succeeded (all {len(report.ranks)} ranks exited 0)"
     if report.cause is Cause.INTERRUPTED:
         assert report.interrupt_signal is not None
-        return (
-            f"gpulaunch: job {report.job} stopped by {signal_name(report.interrupt_signal)} "
-            f"(status {report.status})"
-        )
+        by = report.interrupted_by or signal_name(report.interrupt_signal)
+        return f"gpulaunch: job {report.job} stopped by {by} (status {report.status})"
     if report.cause is Cause.START_FAILED:
         return f"gpulaunch: job {report.job} failed to start (status {report.status})"
     if report.cause is Cause.NODE_FAILED:

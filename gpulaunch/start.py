@@ -26,7 +26,7 @@ from gpulaunch.units.definitions import JobUnits
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
-from gpulaunch.watcher.interrupts import install_wakeup
+from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
@@ -99,7 +99,10 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
             journal=journal_problem is None,
             peer=peer,
         )
-        report = watcher.run()
+        try:
+            report = watcher.run()
+        finally:
+            ignore_interrupts()  # the end is decided: its status is the exit status
     if journal_problem is None:
         report = replace(report, log_drops=journal_drops(spec, output))
     print(format_report(report), file=sys.stderr, flush=True)

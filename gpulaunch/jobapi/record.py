@@ -11,6 +11,8 @@ Every record carries `MESSAGE_ID=` `MESSAGE_ID` (README, "Job API"), so
   GPULAUNCH_STATUS      what `gpulaunch start` exits with
   GPULAUNCH_CAUSE       succeeded, rank-failed, interrupted, start-failed
   GPULAUNCH_CAUSE_RANK  the rank that failed first (absent if none)
+  GPULAUNCH_INTERRUPTED_BY  what interrupted the job when it was not a signal to
+                        its watcher: `gpulaunch stop`, a stop of a unit from outside
   GPULAUNCH_WORLD_SIZE, GPULAUNCH_WATCHER_PID
   GPULAUNCH_RANKS       JSON: a list of objects with the fields of `RankView`
   GPULAUNCH_CAUSE_ERROR the cause rank's traceback (@record error file) or last
@@ -77,6 +79,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "CAUSE_NODE", str(view.cause_node)))
         out.append((_PREFIX + "CAUSE_HOST", view.cause_host))
         out.append((_PREFIX + "CAUSE_WHAT", view.cause_what))
+    if view.interrupted_by:
+        out.append((_PREFIX + "INTERRUPTED_BY", view.interrupted_by))
     if view.error:
         out.append((_PREFIX + "ERROR", view.error))
     if view.restarts:
@@ -196,6 +200,7 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             cause_node=_int(entry, _PREFIX + "CAUSE_NODE"),
             cause_host=_text(entry.get(_PREFIX + "CAUSE_HOST")),
             cause_what=_text(entry.get(_PREFIX + "CAUSE_WHAT")),
+            interrupted_by=_text(entry.get(_PREFIX + "INTERRUPTED_BY")),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
         )
     except (KeyError, TypeError, ValueError) as exc:

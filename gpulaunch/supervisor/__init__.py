@@ -12,7 +12,11 @@ one small interface, `Supervisor`, and never to systemd itself:
 - `stop_gang`: stop every rank, gracefully (SIGTERM, SIGKILL after the grace);
   `SupervisorEvents.gang_stopped` says when nothing of them is left;
 - `kill_gang`: SIGKILL every rank now (a second Ctrl-C);
-- `renew_gang`: containment for a new attempt after a gang stop (restarts).
+- `renew_gang`: containment for a new attempt after a gang stop (restarts);
+- `catch_up`: hand over every event already under way before the watcher
+  judges a rank's unasked death: a rank killed by a stop from outside (for
+  systemd, `systemctl stop` of the job's slice) is then known as such
+  (`SupervisorEvents.stopped_from_outside`), never taken for a rank failure.
 
 Implementations: `systemd` (scopes and slices, gpulaunch/supervisor/systemd.py).
 Another one is added next to it and chosen in gpulaunch/start.py; the
@@ -41,6 +45,12 @@ class SupervisorEvents(Protocol):
     def gang_stopped(self) -> None:
         """The ranks' containment is gone: every rank process has ended."""
 
+    def stopped_from_outside(self, what: str) -> None:
+        """Someone else is stopping the job's containment: the job is interrupted.
+
+        `what` says by what, for the report ("a stop of gpulaunch-x.slice from outside").
+        """
+
 
 class Supervisor(Protocol):
     """Contains a job's ranks and stops them as one."""
@@ -66,3 +76,6 @@ class Supervisor(Protocol):
 
     async def renew_gang(self) -> None:
         """After a gang stop: containment for the ranks of a new attempt."""
+
+    def catch_up(self) -> None:
+        """Deliver every event that is already on its way (a stop from outside)."""

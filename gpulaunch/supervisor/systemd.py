@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from gpulaunch.errors import JobExistsError, SystemdError
 from gpulaunch.supervisor import SupervisorEvents, Watch
-from gpulaunch.supervisor.systemd_api import SystemdAPI
+from gpulaunch.supervisor.systemd_api import JobDone, SystemdAPI
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 
 
@@ -39,6 +39,8 @@ class SystemdSupervisor:
         self._awaited: dict[str, asyncio.Future[str]] = {}
         self._rank_jobs: dict[str, int] = {}
         self._stop_job: str | None = None
+        self._gang_stop_asked = False  # then jobs on the ranks' units are ours
+        self._outside = False  # a stop from outside was reported
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -65,12 +67,14 @@ class SystemdSupervisor:
             # and, through BindsTo=, every rank: no code of ours needs to run for that.
             await self._done(self._start(units.watcher, watcher_pids), units.watcher)
         except BaseException:
+            self._outside = True  # the stop jobs that follow are ours
             self.sd.stop_unit(units.job_slice.name)
             raise
         await self.renew_gang()
 
     async def renew_gang(self) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.
+        self._gang_stop_asked = False
         await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice)
 
     def place(self, rank: int, pids: Sequence[int]) -> None:
@@ -98,6 +102,7 @@ class SystemdSupervisor:
 
     def stop_gang(self) -> None:
         """systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after TimeoutStopSec=."""
+        self._gang_stop_asked = True
         self._stop_job = self.sd.stop_unit(self.units.ranks_slice.name)
         self._on_bus()
         if self._stop_job is None:  # the slice is not loaded: nothing left to stop
@@ -106,6 +111,12 @@ class SystemdSupervisor:
     def kill_gang(self) -> None:
         for unit in self.units.ranks:
             self.sd.kill_unit(unit.name, signal.SIGKILL)
+        self._on_bus()
+
+    def catch_up(self) -> None:
+        # systemd queues a stop job (JobNew) before it sends the SIGTERM: after a
+        # round trip, the news of a `systemctl stop` that killed a rank is here.
+        self.sd.ping()
         self._on_bus()
 
     def _gang_stopped(self) -> None:
@@ -117,7 +128,9 @@ class SystemdSupervisor:
     def _on_bus(self) -> None:
         assert self._events is not None
         for job in self.sd.events():
-            if job.path == self._stop_job:
+            if not isinstance(job, JobDone):
+                self._queued(job.path, job.unit)
+            elif job.path == self._stop_job:
                 self._stop_job = None
                 self._gang_stopped()
             elif job.path in self._awaited:
@@ -133,3 +146,24 @@ class SystemdSupervisor:
                         f"systemd could not start {unit}: its start job ended '{job.result}'"
                     )
                 self._events.placed(rank, error)
+
+    def _queued(self, path: str, unit: str) -> None:
+        """A job on one of our units that we did not ask for is a stop from outside.
+
+        Our own jobs are known by path before their JobNew is dispatched (the
+        reply comes first); the jobs systemd adds for the ranks' units to our
+        gang stop are ours too.
+        """
+        units = self.units
+        ours = path in self._awaited or path in self._rank_jobs or path == self._stop_job
+        gang = {units.ranks_slice.name, *(r.name for r in units.ranks)}
+        job = {units.job_slice.name, units.watcher.name}
+        if (
+            ours
+            or self._outside
+            or not (unit in job or (unit in gang and not self._gang_stop_asked))
+        ):
+            return
+        self._outside = True
+        assert self._events is not None
+        self._events.stopped_from_outside(f"a stop of {unit} from outside")

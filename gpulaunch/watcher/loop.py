@@ -16,7 +16,6 @@ event. asyncio because the libraries that publish objects on D-Bus need it.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import time
@@ -47,7 +46,7 @@ from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
 from gpulaunch.watcher.interrupts import pending
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
-from gpulaunch.watcher.procs import fork_held, kill_held, reap, spawn_held
+from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank
 
 T = TypeVar("T")
@@ -77,6 +76,9 @@ class Watcher:
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r) for r in spec.ranks]
         self.interrupt: tuple[float, int] | None = None
+        # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
+        self.interrupted_by: str | None = None
+        self._signalled = False  # a first SIGINT/SIGTERM/SIGHUP came: the next one kills
         self.stop_issued = False
         self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
@@ -165,14 +167,20 @@ class Watcher:
         )
 
     def request_stop(self) -> None:
-        """Stop the job gracefully, as a first SIGTERM would (for observers)."""
+        """Stop the job gracefully, as a first SIGTERM would (for observers: `gpulaunch stop`)."""
+        self._signalled = True  # as before: a signal after it kills at once
+        self._interrupted(signal.SIGTERM, "gpulaunch stop")
+        self._poke()
+
+    def _interrupted(self, signum: int, by: str | None) -> None:
+        """The first interrupt is the job's (`by`: what it was, if not a signal to us)."""
         if self.interrupt is None:
-            self.interrupt = (self.clock(), signal.SIGTERM)
+            self.interrupt = (self.clock(), signum)
+            self.interrupted_by = by
             if self.nodes is not None:
-                self.nodes.offer_interrupt(signal.SIGTERM)
+                self.nodes.offer_interrupt(signum)
         if self.phase is not Phase.STARTING:
             self._begin_stop()
-        self._poke()
 
     def _watch(self, fd: int, handler: Callable[[], None]) -> None:
         """Run `handler` whenever `fd` is readable; what it raises is raised by `_loop`."""
@@ -246,15 +254,15 @@ class Watcher:
         pumps_done = all(r.pump is None or r.pump.pidfd < 0 for r in self.ranks)
         output_done = pumps_done and self.output.open_pipes == 0
         if not self.stop_issued:
-            # Every rank ended by itself. Let the log pumps hand their last lines
-            # to journald first (stopping the slice would end them after the
-            # grace), unless something the ranks left behind keeps their output
-            # open: then after the grace. Either way stop the ranks slice, so
-            # that nothing a rank left behind (a daemonised helper) outlives it.
-            if not output_done and self._settle_deadline is None:
+            # Every rank ended by itself. Stop the ranks slice, so that nothing a rank
+            # left behind (a daemonised helper) outlives it: at once while one of their
+            # streams is open (a leftover holds it; the pumps ignore SIGTERM and drain),
+            # else when the pumps handed their last lines to journald, or after the grace.
+            draining = not output_done and self.output.open_pipes == 0
+            if draining and self._settle_deadline is None:
                 self._settle_deadline = self.clock() + self.spec.grace_sec
                 self._aio.call_later(self.spec.grace_sec, self._poke)
-            if not output_done and self.clock() < (self._settle_deadline or 0):
+            if draining and self.clock() < (self._settle_deadline or 0):
                 return False
             self._begin_stop()
         done = not self.gang_stopping and output_done
@@ -330,12 +338,11 @@ class Watcher:
 
     def _on_signal(self) -> None:
         for signum in pending(self.wakeup_fd):
-            if self.interrupt is None:
-                self.interrupt = (self.clock(), signum)
-                if self.nodes is not None:
-                    self.nodes.offer_interrupt(signum)
-                if self.phase is not Phase.STARTING:
-                    self._begin_stop()
+            # A stop from outside that reaches our own scope sends us a SIGTERM
+            # too: that one is still the first signal, not a second interrupt.
+            if not self._signalled:
+                self._signalled = True
+                self._interrupted(signum, None)
             else:
                 self._kill_now()
 
@@ -354,6 +361,12 @@ class Watcher:
 
     def gang_stopped(self) -> None:
         self.gang_stopping = False
+
+    def stopped_from_outside(self, what: str) -> None:
+        for rank in self.ranks:  # systemd is stopping them: none of them failed
+            if rank.state.alive:
+                rank.stop_requested = True
+        self._interrupted(signal.SIGTERM, what)
 
     def _open_gates(self) -> None:
         """Let every rank run at once, when all of them are in their scopes.
@@ -390,6 +403,9 @@ class Watcher:
     def _on_exit(self, rank: Rank) -> None:
         assert rank.child is not None
         status = reap(rank.child.pidfd)
+        if (status.code != 0 or status.signal is not None) and not rank.stop_requested:
+            # Did it fail, or was it stopped from outside? Hear the supervisor first.
+            self.supervisor.catch_up()
         now = self.clock()
         self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
@@ -449,22 +465,7 @@ class Watcher:
 
     def _kill_and_reap_all(self) -> None:
         """On any error path: no child of ours outlives this function."""
-        for child in [c for r in self.ranks for c in (r.child, r.pump)]:
-            if child is None or child.pidfd < 0:
-                continue
-            child.abandon()
-            try:
-                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                reap(child.pidfd)
-            except ChildProcessError:
-                pass
-            except OSError as exc:  # pragma: no cover - defensive
-                if exc.errno != errno.ECHILD:
-                    raise
-            child.close()
+        kill_and_reap([c for r in self.ranks for c in (r.child, r.pump)])
 
     # -- the outcome ------------------------------------------------------
 
@@ -489,6 +490,7 @@ class Watcher:
                 self.nodes.elsewhere if self.nodes is not None else None,
             ),
             interrupt=self.interrupt,
+            interrupted_by=self.interrupted_by,
             start_error=self.start_error,
             restarts=self.attempt,
             node_failure=self.node_failure,

@@ -9,10 +9,11 @@ scope's start job finish.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Exit codes of a child that never reached the script.
@@ -159,3 +160,23 @@ def kill_held(child: HeldChild) -> None:
         signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def kill_and_reap(children: Iterable[HeldChild | None]) -> None:
+    """SIGKILL and reap each child still there (error paths: none outlives this)."""
+    for child in children:
+        if child is None or child.pidfd < 0:
+            continue
+        child.abandon()
+        try:
+            signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            reap(child.pidfd)
+        except ChildProcessError:
+            pass
+        except OSError as exc:  # pragma: no cover - defensive
+            if exc.errno != errno.ECHILD:
+                raise
+        child.close()
