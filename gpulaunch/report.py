@@ -98,11 +98,26 @@ def format_report(report: JobReport) -> str:
             f"rank {failure.rank}'s error (on node {failure.node}), from {failure.error_source}:"
         )
         lines += ["  " + line for line in failure.error.splitlines()]
+    gaps = {gap.rank for gap in report.log_file_gaps}
     for drop in report.log_drops:
+        kept = "the live view has" if drop.rank in gaps else "the live view and --log-dir have"
+        if drop.unreachable:
+            lines.append(
+                f"gpulaunch: warning: journald missed {drop.written - drop.stored} of rank "
+                f"{drop.rank}'s {drop.written} lines (it could not be reached for a while: "
+                f"stopped or restarted); {kept} all of them"
+            )
+            continue
         lines.append(
             f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "
-            f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); the live view and "
-            f"--log-dir have all of them. To keep every line in the journal, install "
+            f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); {kept} all of them. "
+            f"To keep every line in the journal, install "
             f"{JOURNALD_DROP_IN} into /etc/systemd/journald.conf.d/ and restart systemd-journald"
+        )
+    for gap in report.log_file_gaps:
+        lines.append(
+            f"gpulaunch: warning: {gap.path} lacks rank {gap.rank}'s lines after the first "
+            f"{gap.lines_before} of {gap.lines_total} ({gap.error}); the live view and the "
+            "journal have them"
         )
     return "\n".join(lines)

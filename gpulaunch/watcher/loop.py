@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
-from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
+from gpulaunch.logs.pump import IGNORED_SIGNALS, JOURNAL_MISSED, JournalTarget, run_pump
 from gpulaunch.model import (
     Cause,
     JobProgress,
@@ -106,7 +106,7 @@ class Watcher:
             stack.callback(self._kill_and_reap_all)
             self._watch(self.wakeup_fd, self._on_signal)
             self.supervisor.attach(self._aio, self._watch, self)
-            self.output.attach(self._aio, self._poke)
+            self.output.attach(self._aio, self._poke, self._watch)
             stack.callback(self.output.close)
             for observer in self.observers:
                 observer.attach(self.progress(), self.request_stop, self._aio)
@@ -394,7 +394,7 @@ class Watcher:
     def _pump_handler(self, rank: Rank) -> Callable[[], None]:
         def on_pump_exit() -> None:
             assert rank.pump is not None
-            reap(rank.pump.pidfd)
+            rank.journal_missed = reap(rank.pump.pidfd).code == JOURNAL_MISSED
             self._aio.remove_reader(rank.pump.pidfd)
             rank.pump.close()
 

@@ -20,6 +20,7 @@ class Rank:
     born_at: float = 0.0
     stop_requested: bool = False
     exit: RankExit | None = None
+    journal_missed: bool = False  # its pump could not hand journald every line
 
     def advance(self, new: RankState) -> None:
         check_transition(self.state, new)
