@@ -1,41 +1,29 @@
 """`gpulaunch` command line: the only place that turns errors into messages and exit codes.
 
-Exit codes (also in the README):
-  0..255  `start`, `wait`: the job's status (0, the cause rank's exit code, 128+N
-          for signal N; 130/143/129 when the watcher was interrupted)
-  2       bad command line or input (unknown option, missing script, ...)
-  3       unknown job
-  68      a multi-node job could not join its other nodes (the rendezvous failed)
-  69      something this machine must provide is missing (a systemd manager, journalctl, ...)
-  70      internal error (a bug: rerun with --debug and report it)
-  71      systemd, or a job's watcher on the bus, refused or failed an operation
-  73      a job with this id is already running
-  75      multi-node: the job stopped because another node was lost (its watcher died,
-          it stopped answering, or the store it served went away)
-  76      the job's watcher went away without saying how the job ended (`wait`, `stop`)
-  77      permission denied by systemd or the bus
-  78      bad unit template or setting
+Exit codes: gpulaunch/errors.py (and the README).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpulaunch import __version__
+from gpulaunch.debug.options import HangOptions, add_hang_options
 from gpulaunch.errors import GpulaunchError, UsageError
-from gpulaunch.logs.output import OutputOptions, parse_ranks
-from gpulaunch.model import Manager
-from gpulaunch.multinode.options import NodeOptions
-from gpulaunch.plan.gpus import parse_gpu_list
-from gpulaunch.plan.placement import Resources
-from gpulaunch.plan.spec import Launch, StartOptions
-from gpulaunch.plan.topology import CpuBind
+from gpulaunch.options import (
+    add_manager_options,
+    add_output_options,
+    add_start_options,
+    add_torchrun_options,
+    default_manager,
+    output_options,
+    start_options,
+)
 
 INTERNAL_ERROR = 70
 
@@ -44,294 +32,22 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit code 2)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:") and "--debug" in message.split():
+            raise UsageError(
+                message, "--debug goes before the command: gpulaunch --debug start ..."
+            )
         raise UsageError(message, f"see '{self.prog} --help'")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value):
-        # A stop that never escalates to SIGKILL would leave ranks behind (units/guarantees.py).
-        raise argparse.ArgumentTypeError(f"not a finite number of seconds: {text!r}")
-    return value
+def _start_exit_codes() -> str:
+    """For `start --help`: the table of gpulaunch/errors.py, as the README has it."""
+    from gpulaunch import errors
 
-
-def _nproc(text: str) -> int | str:
-    if text in ("gpu", "cpu", "auto"):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number, gpu, cpu or auto: {text!r}") from None
-
-
-# torchrun options gpulaunch does not take, and what to do instead.
-TORCHRUN_ONLY = {
-    ("--tee",): "every rank's output is shown live anyway: choose ranks with --ranks, "
-    "write files with --log-dir",
-    ("--redirects",): "rank output always goes to the journal (gpulaunch logs JOB) and "
-    "the terminal; use --quiet or --log-dir",
-    ("--monitor-interval", "--monitor_interval"): "gpulaunch has no polling interval: it "
-    "sees every exit at once",
-    ("--start-method", "--start_method"): "ranks are always forked and exec'd, each in "
-    "its own systemd scope",
-    ("--role",): "roles are not supported; ROLE_NAME is 'default'",
-    ("--logs-specs", "--logs_specs"): "use --log-dir",
-    ("--numa-binding", "--numa_binding"): "use --cpu-bind numa",
-    ("--signals-to-handle", "--signals_to_handle"): "SIGINT, SIGTERM and SIGHUP stop the "
-    "job through systemd",
-}
-
-
-class _Refuse(argparse.Action):
-    """A torchrun option we do not take: one line saying what to use instead."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        advice = next(a for flags, a in TORCHRUN_ONLY.items() if option_string in flags)
-        raise UsageError(f"{option_string} is a torchrun option gpulaunch does not take", advice)
-
-
-def _add_torchrun_options(p: argparse.ArgumentParser) -> None:
-    """torchrun's flags with the same meaning, and its others refused with advice."""
-    p.add_argument(
-        "--standalone",
-        action="store_true",
-        help="accepted for torchrun compatibility: every gpulaunch job is standalone",
-    )
-    launch = p.add_mutually_exclusive_group()
-    launch.add_argument(
-        "-m",
-        "--module",
-        dest="launch",
-        action="store_const",
-        const=Launch.MODULE,
-        help="run SCRIPT as a module: python -m SCRIPT",
-    )
-    launch.add_argument(
-        "--no-python",
-        "--no_python",
-        dest="launch",
-        action="store_const",
-        const=Launch.NO_PYTHON,
-        help="run SCRIPT as a program, not with python",
-    )
-    launch.add_argument(
-        "--run-path",
-        "--run_path",
-        dest="launch",
-        action="store_const",
-        const=Launch.RUN_PATH,
-        help="run SCRIPT with runpy.run_path",
-    )
-    p.add_argument(
-        "--max-restarts",
-        "--max_restarts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="restart all ranks up to N times after a failure (default: 0)",
-    )
-    _add_node_options(p)
-    for flags in TORCHRUN_ONLY:
-        p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
-
-
-def _add_node_options(p: argparse.ArgumentParser) -> None:
-    """torchrun's multi-node flags (docs/multinode.md); under srun, SLURM's variables."""
-    g = p.add_argument_group("multi-node (one gpulaunch per node; see docs/multinode.md)")
-    g.add_argument("--nnodes", metavar="N", help="nodes in the job (default: 1, or SLURM's)")
-    g.add_argument(
-        "--node-rank",
-        "--node_rank",
-        type=int,
-        metavar="R",
-        help="this node's rank, static rendezvous (default: 0, or SLURM_NODEID)",
-    )
-    g.add_argument(
-        "--rdzv-backend",
-        "--rdzv_backend",
-        metavar="NAME",
-        help="static (default: --master-addr/--master-port) or c10d (--rdzv-endpoint)",
-    )
-    g.add_argument(
-        "--rdzv-endpoint",
-        "--rdzv_endpoint",
-        metavar="HOST[:PORT]",
-        help="the rendezvous store, the same on every node",
-    )
-    g.add_argument(
-        "--rdzv-id",
-        "--rdzv_id",
-        metavar="ID",
-        help="the job's id among the nodes (default: the job id, the same on every node)",
-    )
-    g.add_argument(
-        "--rdzv-conf", "--rdzv_conf", metavar="K=V,...", help="options for torch's rendezvous"
-    )
-    g.add_argument(
-        "--local-addr",
-        "--local_addr",
-        metavar="ADDR",
-        help="this node's address as the other nodes reach it (default: its FQDN)",
-    )
-
-
-def _add_manager_options(p: argparse.ArgumentParser, what: str = "jobs") -> None:
-    """`--system` / `--user`: which systemd manager (and bus) the command is about."""
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(
-        "--system",
-        dest="manager",
-        action="store_const",
-        const=Manager.SYSTEM,
-        help=f"{what} of the system manager (system bus; default as root)",
-    )
-    group.add_argument(
-        "--user",
-        dest="manager",
-        action="store_const",
-        const=Manager.USER,
-        help=f"{what} of your user manager (session bus; default for other users)",
-    )
-
-
-def default_manager(asked: Manager | None) -> Manager:
-    """The manager asked for, else root's system manager or a user's own."""
-    if asked is not None:
-        return Manager(asked)
-    return Manager.SYSTEM if os.geteuid() == 0 else Manager.USER
-
-
-def _add_start_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--nproc",
-        "--nproc-per-node",
-        "--nproc_per_node",
-        dest="nproc",
-        type=_nproc,
-        metavar="N",
-        help="ranks on this machine: a number, gpu, cpu or auto (default: one per --gpus GPU, "
-        "else 1)",
-    )
-    p.add_argument(
-        "--job", metavar="NAME", help="job id (default: the script's name plus a random suffix)"
-    )
-    p.add_argument(
-        "--master-addr",
-        "--master_addr",
-        metavar="ADDR",
-        help="rank 0's address (default: 127.0.0.1; multi-node: node 0's, which serves the "
-        "static rendezvous)",
-    )
-    p.add_argument(
-        "--master-port",
-        "--master_port",
-        type=int,
-        metavar="PORT",
-        help="rank 0's port (default: a free port; multi-node static: 29500)",
-    )
-    p.add_argument(
-        "--grace",
-        type=_positive_float,
-        default=10.0,
-        metavar="SECONDS",
-        help="time between SIGTERM and SIGKILL when ranks are stopped (default: 10)",
-    )
-    p.add_argument("--memory-max", metavar="BYTES", help="memory limit of each rank (MemoryMax=)")
-    p.add_argument(
-        "--job-memory-max",
-        metavar="BYTES",
-        help="memory limit of the whole job, all ranks and the watcher together (MemoryMax= of "
-        "the job slice)",
-    )
-    _add_placement_options(p)
-    p.add_argument(
-        "--units-dir",
-        action="append",
-        type=Path,
-        default=[],
-        metavar="DIR",
-        help="look for unit templates here first (repeatable)",
-    )
-    _add_manager_options(p, "the job's units")
-    p.add_argument("script", help="the training script (run with this Python)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
-
-
-def _gpu_list(text: str) -> tuple[int, ...]:
-    try:
-        return parse_gpu_list(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0,2,3 or 0-3") from None
-
-
-def _add_placement_options(p: argparse.ArgumentParser) -> None:
-    """GPUs and CPUs per rank (gpulaunch/plan/placement.py)."""
-    p.add_argument(
-        "--cpus-per-rank",
-        type=int,
-        metavar="N",
-        help="give each rank N CPUs of its own (AllowedCPUs=), whole cores first",
-    )
-    p.add_argument(
-        "--cpu-bind",
-        choices=[bind.value for bind in CpuBind],
-        default=CpuBind.NONE.value,
-        help="numa: each rank gets CPUs of its GPU's NUMA node (default: none)",
-    )
-    p.add_argument(
-        "--gpus",
-        type=_gpu_list,
-        metavar="LIST",
-        help="the GPUs to use, e.g. 0,2,3, counted in CUDA_VISIBLE_DEVICES; one rank each",
-    )
-    p.add_argument(
-        "--gpu-isolation",
-        action="store_true",
-        help="each rank sees and may open only its own GPU (DevicePolicy=closed)",
-    )
-    # A test stand-in, not for users: GPUs from DIR/proc/driver/nvidia, CPUs from DIR/sys.
-    p.add_argument("--machine-root", type=Path, metavar="DIR", help=argparse.SUPPRESS)
-
-
-def _rank_set(text: str) -> frozenset[int]:
-    try:
-        return parse_ranks(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0 or 0,3 or 0-3") from None
-
-
-def _add_output_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--ranks",
-        "--local-ranks-filter",
-        "--local_ranks_filter",
-        dest="ranks",
-        type=_rank_set,
-        metavar="LIST",
-        help="show only these ranks' output live, e.g. 0 or 0,3 or 0-3 (the journal gets all; "
-        "on several nodes: this node's ranks, counted from 0)",
-    )
-    p.add_argument(
-        "--quiet", "-q", action="store_true", help="show no rank output live, only the report"
-    )
-    p.add_argument(
-        "--log-dir", type=Path, metavar="DIR", help="also write each rank's output to DIR/rankN.log"
-    )
+    return "exit status:\n" + (errors.__doc__ or "").partition("Exit codes:\n")[2]
 
 
 def _add_job_commands(sub: Any) -> None:
-    """list, status, stop, wait (gpulaunch/jobapi/commands.py) and logs (logs/journal.py)."""
-    from gpulaunch.jobapi.commands import RECENT
-
+    """list, status, stop, wait (jobapi/commands.py), top (resources/), logs (logs/command.py)."""
     p = sub.add_parser("list", help="list running jobs (--all: and recently finished ones)")
     p.add_argument(
         "--all", "-a", action="store_true", help="also show jobs that ended (from the journal)"
@@ -339,41 +55,126 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument(
         "--limit",
         type=int,
-        default=RECENT,
+        default=20,
         metavar="N",
-        help=f"with --all: how many ended jobs at most (default: {RECENT})",
+        help="with --all: how many ended jobs at most (default: 20)",
     )
-    _add_manager_options(p)
+    add_manager_options(p)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     p.set_defaults(func=_command("jobapi.commands", "cmd_list"))
 
     p = sub.add_parser("status", help="a job's ranks and states, or its final report")
     p.add_argument("job", metavar="JOB")
-    _add_manager_options(p)
+    add_manager_options(p)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    p.add_argument(
+        "--resources",
+        action="store_true",
+        help="a running job: also each rank's CPU, memory, processes, GPU and last output "
+        "(measured over 1 s)",
+    )
     p.set_defaults(func=_command("jobapi.commands", "cmd_status"))
+    p = sub.add_parser("top", help="running jobs' ranks live: CPU, memory, GPU, last output")
+    p.add_argument("job", metavar="JOB", nargs="?", help="only this job (default: every job)")
+    p.add_argument(
+        "--interval",
+        type=_interval,
+        default=2.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2; CPU %% is measured over it)",
+    )
+    p.add_argument(
+        "--once", action="store_true", help="print one table and exit (so does a non-terminal)"
+    )
+    add_manager_options(p)
+    p.set_defaults(func=_command("resources.top", "cmd_top"))
 
     p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
     p.add_argument("job", metavar="JOB")
     p.add_argument(
         "--no-block", action="store_true", help="return once the stop was accepted, do not wait"
     )
-    _add_manager_options(p)
+    add_manager_options(p)
     p.set_defaults(func=_command("jobapi.commands", "cmd_stop"))
 
     p = sub.add_parser("wait", help="wait until a job ends; exit with its status")
     p.add_argument("job", metavar="JOB")
-    _add_manager_options(p)
+    add_manager_options(p)
     p.set_defaults(func=_command("jobapi.commands", "cmd_wait"))
 
     p = sub.add_parser("logs", help="show a job's rank output from the journal")
     p.add_argument("job", help="the job id")
     p.add_argument("--rank", type=int, metavar="N", help="only this rank")
-    p.add_argument("-f", "--follow", action="store_true", help="keep showing new lines")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep showing new lines until the job ends; then print its report and exit "
+        "with its status, as 'gpulaunch wait'",
+    )
     p.add_argument("--since", metavar="TIME", help="only lines since TIME (journalctl --since)")
-    p.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
-    _add_manager_options(p, "logs")
-    p.set_defaults(func=_command("logs.journal", "cmd_logs"))
+    p.add_argument(
+        "-n", "--lines", type=int, metavar="N", help="only the last N lines (default: all)"
+    )
+    add_manager_options(p, "logs")
+    p.set_defaults(func=_command("logs.command", "cmd_logs"))
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"not between 0.1 and 3600 seconds: {text!r}")
+    return value
+
+
+def _add_system_commands(sub: Any) -> None:
+    """setup and doctor (gpulaunch/system/)."""
+    p = sub.add_parser(
+        "setup",
+        help="install the system side (root): the D-Bus policy; --journald: the log rate limit",
+        description="Install what the system side of gpulaunch needs, from this package: "
+        "the D-Bus policy of the job API, and with --journald journald's rate-limit drop-in. "
+        "Idempotent; --uninstall removes it all.",
+    )
+    p.add_argument(
+        "--journald",
+        action="store_true",
+        help="also install journald's rate-limit drop-in: journald keeps every rank's line",
+    )
+    p.add_argument(
+        "--restart-journald",
+        action="store_true",
+        help="restart systemd-journald so that the drop-in applies now (implies --journald)",
+    )
+    p.add_argument("--uninstall", action="store_true", help="remove what setup installed")
+    p.add_argument(
+        "--root",
+        type=Path,
+        metavar="DIR",
+        help="install under DIR instead of / (an image, a package); reloads nothing",
+    )
+    p.set_defaults(func=_command("system.setup", "cmd_setup"))
+
+    p = sub.add_parser(
+        "doctor",
+        help="what this machine gives gpulaunch and what it lacks, each with its fix",
+        description="Check this machine for gpulaunch: the supervisor a job would get, "
+        "systemd, user jobs, the job API's bus policy, journald's rate limit, cgroup "
+        "controllers, open-file limits and NVIDIA GPUs. Exit status 69 when a job cannot run.",
+    )
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    add_manager_options(p, "check for jobs")
+    p.set_defaults(func=_command("system.doctor", "cmd_doctor"))
+
+    p = sub.add_parser("stacks", help="every running rank's Python stacks, all threads (py-spy)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
+    p.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy --native)")
+    add_manager_options(p)
+    p.set_defaults(func=_command("debug.command", "cmd_stacks"))
 
 
 Command = Callable[[argparse.Namespace], int]
@@ -398,54 +199,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    start = sub.add_parser("start", help="run a job: one rank per process, each a systemd scope")
-    _add_start_options(start)
-    _add_torchrun_options(start)
-    _add_output_options(start)
+    start = sub.add_parser(
+        "start",
+        help="run a job: one rank per process, each a systemd scope",
+        epilog=_start_exit_codes(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_start_options(start)
+    add_torchrun_options(start)
+    add_output_options(start)
     start.add_argument(
         "--detach", "-d", action="store_true", help="print the job id and return; the job runs on"
     )
+    add_hang_options(start)
+    # Set by the front end (gpulaunch/frontend/) on the watcher it starts; not for users.
+    start.add_argument("--frontend-child", action="store_true", help=argparse.SUPPRESS)
     start.set_defaults(func=cmd_start)
     render = sub.add_parser("render", help="print the units that `start` would create")
-    _add_start_options(render)
-    _add_torchrun_options(render)
+    add_start_options(render)
+    add_torchrun_options(render)
     render.set_defaults(func=cmd_render)
     _add_job_commands(sub)
+    parser.add_argument("--version", action="version", version=f"gpulaunch {__version__}")
+    _add_system_commands(sub)
     return parser
-
-
-def start_options(args: argparse.Namespace) -> StartOptions:
-    return StartOptions(
-        script=args.script,
-        args=tuple(args.args),
-        nproc=args.nproc if args.nproc is not None else (len(args.gpus) if args.gpus else 1),
-        job=args.job,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        grace_sec=args.grace,
-        manager=default_manager(args.manager),
-        memory_max=args.memory_max,
-        job_memory_max=args.job_memory_max,
-        units_dirs=tuple(args.units_dir),
-        resources=Resources(
-            gpus=args.gpus,
-            gpu_isolation=args.gpu_isolation,
-            cpus_per_rank=args.cpus_per_rank,
-            cpu_bind=CpuBind(args.cpu_bind),
-        ),
-        machine_root=args.machine_root,
-        launch=args.launch or Launch.SCRIPT,
-        max_restarts=args.max_restarts,
-        nodes=NodeOptions(
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
-            rdzv_backend=args.rdzv_backend,
-            rdzv_endpoint=args.rdzv_endpoint,
-            rdzv_id=args.rdzv_id,
-            rdzv_conf=args.rdzv_conf,
-            local_addr=args.local_addr,
-        ),
-    )
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -457,15 +234,24 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_start(args: argparse.Namespace) -> int:
     from gpulaunch.start import start
 
-    view = OutputOptions(ranks=args.ranks, quiet=args.quiet, log_dir=args.log_dir)
-    return start(start_options(args), view, detach=args.detach)
+    hang = HangOptions(hang_timeout=args.hang_timeout, dump_stacks=args.dump_stacks)
+    return start(
+        start_options(args),
+        output_options(args),
+        detach=args.detach,
+        argv=args.argv,
+        frontend_child=args.frontend_child,
+        hang_options=hang,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
-    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    debug = False  # a bad command line is never worth a traceback
     try:
         args = parser.parse_args(argv)
+        debug = bool(args.debug)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         if "manager" in args:  # --system/--user, or the default for who runs it
             args.manager = default_manager(args.manager)
         code = int(args.func(args))

@@ -108,12 +108,62 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def format_bytes(n: int) -> str:
+    """`11.8 GiB`, `300.0 MiB`, `512 B` (base 1024, as --memory-max reads them)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class OomKill:
+    """The kernel's OOM killer ended the rank (its own limit, the job's, or the machine's).
+
+    `memory` is what the rank's unit used when it was killed and `limit` its
+    `memory.max`, where known; `source` says which the finding came from
+    (the cgroup's `memory.events`, or the kernel log).
+    """
+
+    memory: int | None
+    limit: int | None
+    source: str
+
+    def describe(self) -> str:
+        """`killed by the OOM killer at 11.8 GiB (limit 12.0 GiB)`."""
+        text = "killed by the OOM killer"
+        if self.memory is not None:
+            text += f" at {format_bytes(self.memory)}"
+        if self.limit is not None:
+            text += f" (limit {format_bytes(self.limit)})"
+        return text
+
+
+@dataclass(frozen=True)
+class RankUsage:
+    """What a rank used over its life, read when it ended (gpulaunch/resources/final.py).
+
+    Each number is None where it could not be had; `*_source` says where it
+    came from (the report prints them once).
+    """
+
+    cpu_sec: float | None = None
+    cpu_source: str = ""
+    peak_memory: int | None = None  # bytes
+    peak_source: str = ""
+    gpu_memory: int | None = None  # bytes, peak over the rank's processes (NVML accounting)
+
+
 @dataclass(frozen=True)
 class RankExit:
     """How one rank ended.
 
     Exactly one of `code` and `signal` is set. `observed_at` is the watcher's
-    `time.monotonic()` when it reaped the rank; it orders failures.
+    `time.monotonic()` when it reaped the rank; it orders failures. `usage`
+    is what it used (where it could be read); `oom` is set when the kernel's
+    OOM killer killed it.
     """
 
     code: int | None
@@ -122,6 +172,8 @@ class RankExit:
     observed_at: float
     runtime: float
     core_dumped: bool = False
+    usage: RankUsage | None = None
+    oom: OomKill | None = None
 
     @property
     def status(self) -> int:
@@ -136,7 +188,9 @@ class RankExit:
         return self.status != 0
 
     def describe(self) -> str:
-        """`exit 7`, `SIGKILL`, `SIGSEGV (core dumped)`."""
+        """`exit 7`, `SIGKILL`, `SIGSEGV (core dumped)`, `killed by the OOM killer at ...`."""
+        if self.oom is not None and self.signal == signal.SIGKILL:
+            return self.oom.describe()
         if self.signal is not None:
             return signal_name(self.signal) + (" (core dumped)" if self.core_dumped else "")
         return f"exit {self.code}"
@@ -200,6 +254,10 @@ class Cause(enum.StrEnum):
     INTERRUPTED = "interrupted"
     START_FAILED = "start-failed"
     NODE_FAILED = "node-failed"  # multi-node: the first failure was on another node
+    HUNG = "hung"  # --hang-timeout: no output and no CPU for that long (status HUNG_STATUS)
+
+
+HUNG_STATUS = 124  # like timeout(1)
 
 
 @dataclass(frozen=True)
@@ -244,6 +302,8 @@ class JobReport:
     restarts: int = 0  # how many times the gang was restarted (--max-restarts)
     layout: Layout | None = None  # multi-node: this node and the others
     node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
+    hang: str | None = None  # hung: which ranks were in which collective (debug/hang.py)
+    stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
 
 
 @dataclass(frozen=True)
@@ -267,6 +327,7 @@ def job_outcome(
     exits: Mapping[int, RankExit],
     interrupt: tuple[float, int] | None = None,
     elsewhere: tuple[float, int] | None = None,
+    hung_at: float | None = None,
 ) -> Outcome:
     """Apply the exit-status rules (README, "Exit status").
 
@@ -277,8 +338,15 @@ def job_outcome(
     when the store says it happened on another node: every node agrees on that
     one, so it beats this node's rank failures; only an interrupt that came
     before both this node's first rank failure and that news stays the cause.
+    `hung_at`: when --hang-timeout found the job hung; the cause unless a rank
+    failure or an interrupt came first.
     """
     rank = first_failure(exits)
+    if hung_at is not None and elsewhere is None:
+        earlier = [t for t in (interrupt[0] if interrupt else None,) if t is not None]
+        earlier += [exits[rank].observed_at] if rank is not None else []
+        if all(hung_at < t for t in earlier):
+            return Outcome(HUNG_STATUS, Cause.HUNG, None)
     interrupted = interrupt is not None and (rank is None or interrupt[0] < exits[rank].observed_at)
     if elsewhere is not None and not (interrupted and interrupt and interrupt[0] < elsewhere[0]):
         return Outcome(elsewhere[1], Cause.NODE_FAILED, None)

@@ -4,20 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpulaunch.model import Cause, JobReport, RankResult, format_duration, signal_name
+from gpulaunch.model import (
+    Cause,
+    JobReport,
+    RankResult,
+    RankUsage,
+    format_bytes,
+    format_duration,
+    signal_name,
+)
 from gpulaunch.multinode.protocol import Layout
 
-JOURNALD_DROP_IN = "packaging/journald/60-gpulaunch.conf"
+# Installs gpulaunch/data/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
+JOURNALD_FIX = "sudo gpulaunch setup --journald --restart-journald"
+
+
+def count(n: int, noun: str) -> str:
+    """`1 rank`, `4 ranks`, `1 time`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def headline(report: JobReport) -> str:
     """One line: what happened to the job and its status."""
     if report.cause is Cause.SUCCEEDED:
-        return f"gpulaunch: job {report.job} succeeded (all {len(report.ranks)} ranks exited 0)"
+        n = len(report.ranks)
+        ranks = "its rank exited 0" if n == 1 else f"all {n} ranks exited 0"
+        return f"gpulaunch: job {report.job} succeeded ({ranks})"
     if report.cause is Cause.INTERRUPTED:
         assert report.interrupt_signal is not None
         by = report.interrupted_by or signal_name(report.interrupt_signal)
         return f"gpulaunch: job {report.job} stopped by {by} (status {report.status})"
+    if report.cause is Cause.HUNG:
+        return (
+            f"gpulaunch: job {report.job} hung: no output and no CPU use for --hang-timeout "
+            f"(status {report.status})" + (f": {report.hang}" if report.hang else "")
+        )
     if report.cause is Cause.START_FAILED:
         return f"gpulaunch: job {report.job} failed to start (status {report.status})"
     if report.cause is Cause.NODE_FAILED:
@@ -52,6 +73,29 @@ def _how(result: RankResult, report: JobReport) -> str:
     return "exited"
 
 
+_USAGE_HEADERS = ("cpu", "peak mem", "gpu mem")
+
+
+def _usage_cells(usage: RankUsage | None) -> tuple[str, str, str]:
+    if usage is None:
+        return ("-", "-", "-")
+    return (
+        "-" if usage.cpu_sec is None else format_duration(usage.cpu_sec),
+        "-" if usage.peak_memory is None else format_bytes(usage.peak_memory),
+        "-" if usage.gpu_memory is None else format_bytes(usage.gpu_memory),
+    )
+
+
+def usage_sources(report: JobReport) -> list[str]:
+    """Where the usage columns come from, once (gpulaunch/resources/final.py)."""
+    usages = [r.exit.usage for r in report.ranks if r.exit and r.exit.usage]
+    cpu = sorted({u.cpu_source for u in usages if u.cpu_source})
+    peak = sorted({u.peak_source for u in usages if u.peak_source})
+    if not cpu and not peak:
+        return []
+    return [f"  cpu: from {', '.join(cpu) or '-'}; peak mem: from {', '.join(peak) or '-'}"]
+
+
 def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
     """Rows as left-aligned columns two spaces apart (the first row is the header)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -63,8 +107,12 @@ def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
 
 def format_report(report: JobReport) -> str:
     """The per-rank table, the cause rank first."""
-    rows = [("rank", "unit", "pid", "exit", "how", "runtime")]
+    rows: list[tuple[str, ...]] = [("rank", "unit", "pid", "exit", "how", "runtime")]
+    rows[0] += _USAGE_HEADERS
     ordered = sorted(report.ranks, key=lambda r: (r.rank != report.cause_rank, r.rank))
+    usages = [r.exit.usage for r in ordered if r.exit and r.exit.usage]
+    # the usage columns where some rank has them (a record of an older gpulaunch has none)
+    shown = 6 + (2 if usages else 0) + (1 if any(u.gpu_memory is not None for u in usages) else 0)
     for r in ordered:
         rows.append(
             (
@@ -74,8 +122,10 @@ def format_report(report: JobReport) -> str:
                 r.exit.describe() if r.exit else "-",
                 _how(r, report),
                 format_duration(r.exit.runtime) if r.exit else "-",
+                *_usage_cells(r.exit.usage if r.exit else None),
             )
         )
+    rows = [row[:shown] for row in rows]
     lines = [headline(report)]
     if report.layout is not None:
         lines.append("  " + nodes_line(report.layout))
@@ -84,14 +134,18 @@ def format_report(report: JobReport) -> str:
             if report.cause is not Cause.NODE_FAILED:  # e.g. this node was interrupted
                 lines.append(f"  the job's first failure: {failure.describe()}")
     lines += format_table(rows, indent="  ").splitlines()
+    lines += usage_sources(report)
     if report.restarts:
         lines.append(
-            f"gpulaunch: the ranks were restarted {report.restarts} time(s) (--max-restarts)"
+            f"gpulaunch: the ranks were restarted {count(report.restarts, 'time')} (--max-restarts)"
         )
     for r in report.ranks:
         if r.error:
             lines.append(f"rank {r.rank}'s error, from {r.error_source}:")
             lines += ["  " + line for line in r.error.splitlines()]
+    if report.stacks:
+        lines.append("the ranks' stacks, innermost frame first:")
+        lines += ["  " + line for line in report.stacks.splitlines()]
     failure = report.node_failure
     if report.cause is Cause.NODE_FAILED and failure is not None and failure.error:
         lines.append(
@@ -111,8 +165,7 @@ def format_report(report: JobReport) -> str:
         lines.append(
             f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "
             f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); {kept} all of them. "
-            f"To keep every line in the journal, install "
-            f"{JOURNALD_DROP_IN} into /etc/systemd/journald.conf.d/ and restart systemd-journald"
+            f"To keep every line in the journal: {JOURNALD_FIX}"
         )
     for gap in report.log_file_gaps:
         lines.append(

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 
+from gpulaunch.debug.options import HangOptions
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
@@ -21,7 +24,7 @@ from gpulaunch.model import JobSpec, Manager
 from gpulaunch.multinode.protocol import Layout
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
-from gpulaunch.report import format_report
+from gpulaunch.report import count, format_report
 from gpulaunch.units.definitions import JobUnits
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
@@ -45,18 +48,59 @@ def render(opts: StartOptions) -> int:
     return 0
 
 
-def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
-    """`gpulaunch start`: run the job to its end; returns its status."""
+def start(
+    opts: StartOptions,
+    view: OutputOptions,
+    detach: bool = False,
+    argv: Sequence[str] = (),
+    frontend_child: bool = False,
+    hang_options: HangOptions | None = None,
+) -> int:
+    """`gpulaunch start`: run the job to its end; returns its status.
+
+    `argv`: the command line as typed, for the front end (gpulaunch/frontend/),
+    which runs it again as a service of the user manager where that manager cannot
+    adopt us (`frontend_child` there).
+    """
+    if opts.manager is Manager.USER:
+        from gpulaunch.frontend.need import needs_frontend
+        from gpulaunch.frontend.userbus import ensure_user_bus
+
+        address = ensure_user_bus()
+        if not frontend_child and needs_frontend(opts.manager):
+            from gpulaunch.frontend.run import run_frontend
+
+            return run_frontend(plan(opts)[0], argv, address, detach)
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
     from gpulaunch.logs.pump import journal_reachable
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.systemd import SystemdSupervisor
     from gpulaunch.supervisor.systemd_api import Systemd  # pystemd: only to run jobs
+    from gpulaunch.watcher.errorfile import runtime_base
+    from gpulaunch.watcher.hangwatch import HangWatch
+    from gpulaunch.watcher.limits import check_job_fits
     from gpulaunch.watcher.loop import Watcher
+    from gpulaunch.watcher.nofile import raise_nofile
 
     spec, units = plan(opts)
-    detached = Detached.fork() if detach else None
+    needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big
+    raise_nofile(needs.fds)
+    hang = None
+    hang_options = hang_options or HangOptions()
+    if hang_options.hang_timeout is not None or hang_options.dump_stacks:
+        stacks_dir = view.log_dir or runtime_base(spec.manager) / "gpulaunch"
+        hang = HangWatch(  # finds py-spy now: one line, before anything starts, if it is missing
+            hang_options.hang_timeout,
+            hang_options.dump_stacks,
+            time.monotonic,
+            lambda: output.last_data_at,
+            stacks_dir / f"{spec.names.component}.stacks.txt",
+        )
+    if frontend_child:  # already detached: the front end reads our stderr
+        detached = Detached(0, None) if detach else None
+    else:
+        detached = Detached.fork() if detach else None
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher
     # detached: nobody watches the terminal; the journal and --log-dir still get everything
@@ -67,7 +111,6 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
             f"gpulaunch: warning: journald is not reachable ({journal_problem}); "
             "rank output goes to the terminal and --log-dir only"
         )
-    _warn_about(spec, output)
     wakeup = install_wakeup()
     with ExitStack() as stack:
         peer = None
@@ -85,6 +128,8 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
 
         def announce() -> None:
             output.message(f"gpulaunch: job {spec.job}: {_where(spec)}")
+            # warnings about a job that runs: not before its units exist (it may be refused)
+            _warn_about(spec, output)
             if detached is not None:
                 detached.started()
 
@@ -94,10 +139,12 @@ def start(opts: StartOptions, view: OutputOptions, detach: bool = False) -> int:
             SystemdSupervisor(systemd, units),
             wakeup,
             on_created=announce,
-            observers=(Recorder(), JobPublisher()),  # the record first: Finished says it exists
+            # the record first: Finished says it exists
+            observers=(Recorder(), JobPublisher(last_output=output.last_line_at)),
             output=output,
             journal=journal_problem is None,
             peer=peer,
+            hang=hang,
         )
         try:
             report = watcher.run()
@@ -128,7 +175,7 @@ def _warn_about(spec: JobSpec, output: Output) -> None:
 def _where(spec: JobSpec) -> str:
     """Where the job's ranks run, for the start line."""
     if spec.layout is None:
-        return f"{spec.nproc} ranks in {spec.names.job_slice}"
+        return f"{count(spec.nproc, 'rank')} in {spec.names.job_slice}"
     first = spec.layout.first_rank
     return (
         f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"

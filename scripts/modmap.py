@@ -5,7 +5,8 @@
     python3 scripts/modmap.py --chain    # only the longest chain and its length
 
 Imports are read from the source (every `import` / `from ... import`, also those
-inside functions), so the numbers do not depend on what happens to be installed.
+inside functions; not those under `if TYPE_CHECKING:`, which never run), so the
+numbers do not depend on what happens to be installed.
 tests/unit/test_layout.py holds the limits (docs/architecture.md says why).
 """
 
@@ -31,10 +32,27 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The nodes under `if TYPE_CHECKING:`: annotations, never imported at run time."""
+    skipped: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            for child in node.body:
+                skipped.update(ast.walk(child))
+    return skipped
+
+
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The package's modules that `name` imports (a package's __init__ counts as a module)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if node in skipped:
+            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]

@@ -1,14 +1,32 @@
 #!/usr/bin/env bash
-# Install what gpulaunch's demo and tests need on a Debian/Ubuntu machine, as root:
+# Install what gpulaunch's demo or tests need on a Debian/Ubuntu machine, as root:
 # system packages (pystemd builds against libsystemd), a virtual environment in
-# .venv with gpulaunch (editable), its test extra and torch 2.13.0 (CPU).
+# .venv with gpulaunch (editable) and torch 2.13.0's CPU build; `test` (the
+# default) adds the test extra (pytest, ruff, mypy, Lightning, ...).
+#
+#   bash scripts/setup.sh demo   # gpulaunch + torch: about 200 MB to download, 1 GB installed
+#   bash scripts/setup.sh [test] # the above + the test extra: about 270 MB, 1.2 GB installed
+#
+# A torch 2.13.0 that .venv or $PYTHON already has is used as it is (nothing is
+# downloaded for it). Otherwise torch comes from PyTorch's CPU index
+# ($TORCH_INDEX_URL, default https://download.pytorch.org/whl/cpu; set it empty
+# to use your own pip index, where `torch==2.13.0` is the CUDA build, ~3 GB more).
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WHAT=${1:-test}
+case "$WHAT" in
+demo | test) ;;
+*)
+    echo "setup: unknown target '$WHAT'; use demo or test" >&2
+    exit 2
+    ;;
+esac
 
 PACKAGES=(
     libsystemd-dev pkg-config gcc python3-dev python3-venv  # pystemd's build
     systemd dbus dbus-user-session util-linux procps        # the throwaway systemd box
+    man-db groff-base bash-completion                       # tests of the man page, completions
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -28,19 +46,32 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
+TORCH=2.13.0
+has_torch() { "$1" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH')" 2>/dev/null; }
 if [ ! -x .venv/bin/python ]; then
-    echo "setup: creating .venv with $($PYTHON --version)" >&2
-    "$PYTHON" -m venv .venv
+    if has_torch "$PYTHON"; then
+        echo "setup: creating .venv with $($PYTHON --version), using its torch $TORCH" >&2
+        "$PYTHON" -m venv --system-site-packages .venv
+    else
+        echo "setup: creating .venv with $($PYTHON --version)" >&2
+        "$PYTHON" -m venv .venv
+    fi
 fi
-# torch is pinned to the 2.13.0 CPU build in the test extra; a bare `torch`
-# would pull a multi-GB CUDA build.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+if has_torch .venv/bin/python; then
+    echo "setup: torch $TORCH is installed" >&2
+else
+    index=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
+    echo "setup: installing torch $TORCH (CPU build, about 190 MB) from ${index:-your pip index}" >&2
+    "${PIP[@]}" ${index:+--index-url "$index"} "torch==$TORCH"
+fi
+if [ "$WHAT" = test ]; then
+    "${PIP[@]}" -e '.[test]' # its torch==2.13.0 is the one above
+else
+    "${PIP[@]}" -e .
+fi
 
-# gpulaunch's D-Bus policy: the watcher of a system job (root) may own
-# io.gpulaunch.job.*, and anyone may read jobs (docs/dbus.md). dbus-daemon
-# notices the new file by itself.
-POLICY=/etc/dbus-1/system.d/io.gpulaunch.conf
-if ! cmp -s packaging/dbus/io.gpulaunch.conf "$POLICY"; then
-    echo "setup: installing $POLICY" >&2
-    install -D -m 0644 packaging/dbus/io.gpulaunch.conf "$POLICY"
-fi
+# The system side, from the package itself: gpulaunch's D-Bus policy, so that the
+# watcher of a system job (root) may own io.gpulaunch.job.* and anyone may read
+# jobs (docs/dbus.md). Idempotent; it says what it changed.
+.venv/bin/gpulaunch setup

@@ -147,6 +147,18 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def hosts_file(hostname: str, host_file: Path = Path("/etc/hosts")) -> str:
+    """The host's /etc/hosts plus the box's own name, as every real host has it
+    (Debian's 127.0.1.1): torch hands a node's FQDN to its ranks and Gloo resolves it."""
+    try:
+        text = host_file.read_text()
+    except OSError:
+        text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + f"127.0.1.1\t{hostname}\n"
+
+
 def _target_unit(wants: Sequence[str]) -> str:
     lines = [
         "[Unit]",
@@ -266,6 +278,7 @@ class Box:
         files = {
             f"etc/systemd/system/{TARGET}": _target_unit(self.wants),
             "etc/hostname": self.hostname + "\n",
+            "etc/hosts": hosts_file(self.hostname),
             **self.files,
         }
         for relpath, text in files.items():

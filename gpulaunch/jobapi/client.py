@@ -208,7 +208,7 @@ def run(manager: Manager, work: Callable[[JobClient], Awaitable[T]]) -> T:
         except _Denied as exc:
             raise AccessDeniedError(
                 f"{bus_title(manager)} refused access to gpulaunch's jobs: {exc}",
-                "is gpulaunch's D-Bus policy installed? (bash scripts/setup.sh installs it)",
+                "is gpulaunch's D-Bus policy installed? (sudo gpulaunch setup installs it)",
             ) from None
         finally:
             bus.disconnect()

@@ -16,18 +16,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from gpulaunch.errors import JobLostError, NoSystemdError, UnknownJobError
+from gpulaunch.errors import NoSystemdError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
-from gpulaunch.report import format_report, format_table, nodes_line
-from gpulaunch.units.names import UnitNames
+from gpulaunch.report import count, format_report, format_table, nodes_line
 
 if TYPE_CHECKING:
-    from gpulaunch.jobapi.client import JobClient, WaitResult
+    from gpulaunch.jobapi.client import JobClient
+    from gpulaunch.resources.sample import JobSample
 
 T = TypeVar("T")
-RECENT = 20  # records `list --all` shows by default
 
 
 def _with_client(manager: Manager, work: Callable[[JobClient], Awaitable[T]]) -> T:
@@ -37,29 +36,6 @@ def _with_client(manager: Manager, work: Callable[[JobClient], Awaitable[T]]) ->
 
 
 # -- the commands --------------------------------------------------------------
-
-
-def _unknown(job: str, manager: Manager) -> UnknownJobError:
-    return UnknownJobError(
-        f"no job {job!r} is running on {bus_title(manager)}, and the journal has no record of it",
-        "see 'gpulaunch list --all'; --system or --user choose whose jobs",
-    )
-
-
-def _ended_view(job: str, manager: Manager, outcome: WaitResult) -> JobView:
-    """The final view: from the signal, else the record; errors if there is neither."""
-    if outcome.final is not None:
-        return outcome.final
-    found = record.find(job, manager)
-    if found is not None:
-        return found
-    if not outcome.running:
-        raise _unknown(job, manager)
-    raise JobLostError(
-        f"the watcher of job {job!r} went away without saying how the job ended "
-        "(was it killed?); systemd has stopped its ranks",
-        f"see journalctl _SYSTEMD_SLICE={UnitNames.for_job(job).job_slice}",
-    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -99,15 +75,38 @@ def cmd_status(args: argparse.Namespace) -> int:
         view, unreachable = None, exc
     view = view or record.find(args.job, manager)
     if view is None:
-        raise unreachable or _unknown(args.job, manager)
+        raise unreachable or record.unknown_job(args.job, manager)
+    sample = None
+    if getattr(args, "resources", False) and not view.state.ended:
+        sample = _resources(view)
     if args.json:
-        print(json.dumps(view.to_json(), indent=2))
+        out = view.to_json()
+        if sample is not None:
+            out["resources"] = sample.to_json()
+        print(json.dumps(out, indent=2))
     elif view.state.ended:
         ended = f", ended {_when(view.ended_at)}" if view.ended_at else ""
         print(format_report(view.report()) + f"\n  ({view.slice}, {view.manager} manager{ended})")
     else:
         print(_live(view))
+        if sample is not None:
+            from gpulaunch.resources.view import print_table
+
+            print_table(sample)
     return 0
+
+
+def _resources(view: JobView) -> JobSample:
+    """What each rank of a running job uses, measured over one second."""
+    from gpulaunch.resources.nvml import Gpus, open_gpus
+    from gpulaunch.resources.sample import Sampler, measure
+
+    gpus = open_gpus()
+    try:
+        return measure(view, Sampler(gpus), 1.0)
+    finally:
+        if isinstance(gpus, Gpus):
+            gpus.close()
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -120,7 +119,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if outcome is None:
         print(f"gpulaunch: job {job} is stopping", file=sys.stderr)
         return 0
-    view = _ended_view(job, manager, outcome)
+    view = record.final_view(job, manager, outcome)
     if not outcome.running:
         print(f"gpulaunch: job {job} is not running; it ended before", file=sys.stderr)
     print(format_report(view.report()), file=sys.stderr)
@@ -133,7 +132,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         outcome = _with_client(manager, lambda c: c.wait(args.job))
     except KeyboardInterrupt:
         return 130
-    view = _ended_view(args.job, manager, outcome)
+    view = record.final_view(args.job, manager, outcome)
     print(format_report(view.report()), file=sys.stderr)
     return view.status
 
@@ -147,7 +146,8 @@ def _when(usec: int) -> str:
 
 def _live(view: JobView) -> str:
     head = (
-        f"gpulaunch: job {view.job}: {view.state.value}, {len(view.ranks)} ranks in {view.slice} "
+        f"gpulaunch: job {view.job}: {view.state.value}, {count(len(view.ranks), 'rank')} "
+        f"in {view.slice} "
         f"({view.manager} manager, watcher pid {view.watcher_pid}, uid {view.owner})"
     )
     rows = [("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")]

@@ -9,7 +9,7 @@ serves one object, `/io/gpulaunch/job/<label>`, with interface
 
 The object is served by one message handler rather than dbus-fast's
 `ServiceInterface`: its introspection data is the XML shipped in
-`packaging/dbus/` (one source of truth), and `Stop` needs the caller's
+`gpulaunch/data/dbus/` (one source of truth), and `Stop` needs the caller's
 credentials, which `ServiceInterface` methods never see.
 """
 
@@ -20,6 +20,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,12 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 
-# Signal signatures (packaging/dbus/io.gpulaunch.Job1.xml has their argument names).
+# Signal signatures (gpulaunch/data/dbus/io.gpulaunch.Job1.xml has their argument names).
 RANK_EXITED_SIGNATURE = "isiibi"
 FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
+
+# Properties read on demand and never in PropertiesChanged (EmitsChangedSignal=false).
+UNANNOUNCED = frozenset({"LastOutput"})
 
 FINISH_BUDGET = 1.5  # of the watcher's 2 s for `finished`: never make it raise
 
@@ -99,10 +103,8 @@ _STANDARD_INTERFACES = """\
 
 
 def packaging_dir() -> Path:
-    """`packaging/dbus` inside the installed package (a wheel), else in the repository."""
-    package = Path(__file__).resolve().parents[1]  # gpulaunch/
-    packaged = package / "packaging" / "dbus"
-    return packaged if packaged.is_dir() else package.parent / "packaging" / "dbus"
+    """`gpulaunch/data/dbus`: the D-Bus files the package ships (a wheel carries them)."""
+    return Path(__file__).resolve().parents[1] / "data" / "dbus"
 
 
 def interface_xml() -> str:
@@ -114,6 +116,10 @@ POLICY_FILE = "io.gpulaunch.conf"
 POLICY_DIR = Path("/etc/dbus-1/system.d")
 
 
+class PolicyMissingError(AccessDeniedError):
+    """The system bus lacks gpulaunch's policy: the job runs, unpublished (a warning)."""
+
+
 def _consume(fut: asyncio.Future[Any]) -> None:
     """A send's outcome nobody awaits (a lost bus is not the job's problem)."""
     if not fut.cancelled():
@@ -123,7 +129,12 @@ def _consume(fut: asyncio.Future[Any]) -> None:
 class JobPublisher:
     """Publishes one job on the bus while its watcher runs; a watcher `Observer`."""
 
-    def __init__(self, warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        warn: Callable[[str], None] | None = None,
+        last_output: Callable[[int], float | None] | None = None,
+    ) -> None:
+        self._last_output = last_output or (lambda rank: None)
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
         self._job: JobProgress | None = None
         self._stop_job: Callable[[], None] = lambda: None
@@ -150,10 +161,11 @@ class JobPublisher:
         self.name = bus_name(job.spec.job)
         self.path = object_path(job.spec.job)
         self._xml = interface_xml().replace("</node>", _STANDARD_INTERFACES + "</node>")
-        self._sent = {
-            name: value for name, (_, value) in JobView.of_progress(job).properties().items()
-        }
-        self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
+        self._sent = {name: value for name, (_, value) in self._view().properties().items()}
+        try:
+            self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
+        except PolicyMissingError as exc:  # the job runs; only its API is off
+            self._warn(f"{exc.message}; {exc.hint}")
 
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
         self._job = job
@@ -206,11 +218,11 @@ class JobPublisher:
         if exc.type != ACCESS_DENIED:
             return NoSystemdError(f"{where} refused to publish job {job!r}: {exc.text}")
         if manager is Manager.SYSTEM and os.geteuid() == 0:
-            policy = packaging_dir() / POLICY_FILE
-            return AccessDeniedError(
-                f"the system bus does not let gpulaunch publish job {job!r} (access denied): "
+            return PolicyMissingError(
+                f"job {job!r} runs without its job API (gpulaunch status, stop and wait do not "
+                "see it while it runs): the system bus does not let gpulaunch publish it, "
                 "gpulaunch's D-Bus policy is not installed",
-                f"install it: cp {policy} {POLICY_DIR}/ (bash scripts/setup.sh does)",
+                "turn it on: sudo gpulaunch setup",
             )
         if manager is Manager.SYSTEM:
             return AccessDeniedError(
@@ -233,7 +245,10 @@ class JobPublisher:
 
     def _view(self) -> JobView:
         assert self._job is not None
-        return JobView.of_progress(self._job, self._report)
+        view = JobView.of_progress(self._job, self._report)
+        # Read when asked, never announced: it changes with every line (docs/dbus.md).
+        stamps = (self._last_output(r.rank) for r in self._job.ranks)
+        return replace(view, last_output=tuple(int((t or 0) * 1e6) for t in stamps))
 
     def _send(self, msg: Message) -> asyncio.Future[Any] | None:
         if self._bus is None or not self._bus.connected:
@@ -280,7 +295,7 @@ class JobPublisher:
 
     async def _finish(self) -> None:
         view = self._view()
-        self._dirty.update(view.properties())
+        self._dirty.update(n for n in view.properties() if n not in UNANNOUNCED)
         self._flush()
         sent = self._send(
             Message.new_signal(

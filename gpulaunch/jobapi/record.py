@@ -4,21 +4,10 @@ Written with the journal's native protocol (a datagram of `FIELD=value` lines
 to journald's socket; a sealed memfd when it is too big for a datagram,
 systemd's "Native Journal Protocol"), read back with `journalctl -o json`.
 Every record carries `MESSAGE_ID=` `MESSAGE_ID` (README, "Job API"), so
-`journalctl MESSAGE_ID=<id>` lists every job that ended, and:
-
-  GPULAUNCH_JOB, GPULAUNCH_SLICE, GPULAUNCH_MANAGER   which job
-  GPULAUNCH_STATE       succeeded or failed
-  GPULAUNCH_STATUS      what `gpulaunch start` exits with
-  GPULAUNCH_CAUSE       succeeded, rank-failed, interrupted, start-failed
-  GPULAUNCH_CAUSE_RANK  the rank that failed first (absent if none)
-  GPULAUNCH_INTERRUPTED_BY  what interrupted the job when it was not a signal to
-                        its watcher: `gpulaunch stop`, a stop of a unit from outside
-  GPULAUNCH_WORLD_SIZE, GPULAUNCH_WATCHER_PID
-  GPULAUNCH_RANKS       JSON: a list of objects with the fields of `RankView`
-  GPULAUNCH_CAUSE_ERROR the cause rank's traceback (@record error file) or last
-                        stderr lines; GPULAUNCH_CAUSE_ERROR_SOURCE says which
-  GPULAUNCH_RESTARTS    how many times the ranks were restarted (absent if none)
-  GPULAUNCH_ERROR       why the job could not start (absent otherwise)
+`journalctl MESSAGE_ID=<id>` lists every job that ended. docs/dbus.md, "The
+journal record", lists the fields; `fields` below writes them and `parse`
+reads them back, both from a `JobView` (gpulaunch/jobapi/view.py), the one
+shape a job has on the bus, in the record and in `gpulaunch status`.
 
 `_UID` (set by journald, not by us) tells whose job it was.
 """
@@ -36,13 +25,24 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulaunch.errors import UnavailableError
-from gpulaunch.jobapi.view import JobState, JobView, RankView, node_from_wire, node_wire, ranks_json
-from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
+from gpulaunch.errors import JobLostError, UnavailableError, UnknownJobError
+from gpulaunch.jobapi.view import (
+    JobState,
+    JobView,
+    RankView,
+    bus_title,
+    node_from_wire,
+    node_wire,
+    ranks_json,
+)
+from gpulaunch.model import Cause, JobProgress, JobReport, Manager, RankProgress
 from gpulaunch.report import headline
+from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
     import asyncio
+
+    from gpulaunch.jobapi.client import WaitResult
 
 
 MESSAGE_ID = "74b8d59289c14f16ad639b2abe1d2863"
@@ -52,13 +52,16 @@ _PREFIX = "GPULAUNCH_"
 
 # -- writing -------------------------------------------------------------------
 
+# info for a job that succeeded, notice for one someone stopped, err for a failure
+_PRIORITY = {JobState.SUCCEEDED: "6", JobState.STOPPED: "5", JobState.FAILED: "3"}
+
 
 def fields(view: JobView, message: str) -> list[tuple[str, str]]:
     """The journal fields of a finished job's record."""
     out = [
         ("MESSAGE_ID", MESSAGE_ID),
         ("MESSAGE", message),
-        ("PRIORITY", "6" if view.state is JobState.SUCCEEDED else "3"),
+        ("PRIORITY", _PRIORITY.get(view.state, "3")),
         ("SYSLOG_IDENTIFIER", "gpulaunch"),
         (_PREFIX + "JOB", view.job),
         (_PREFIX + "SLICE", view.slice),
@@ -171,6 +174,15 @@ def _int(entry: Mapping[str, Any], key: str, default: int = -1) -> int:
         return default
 
 
+def _state(entry: Mapping[str, Any]) -> JobState:
+    """The record's state; derived from its cause where it has one (older records
+    said `failed` for a job that was stopped)."""
+    cause, status = _text(entry.get(_PREFIX + "CAUSE")), _int(entry, _PREFIX + "STATUS")
+    if cause in set(Cause):
+        return JobState.of_cause(Cause(cause), status)
+    return JobState(_text(entry[_PREFIX + "STATE"]))
+
+
 def parse(entry: Mapping[str, Any]) -> JobView:
     """A record (one object of `journalctl -o json`) as a `JobView`; ValueError if malformed."""
     if _text(entry.get("MESSAGE_ID")) != MESSAGE_ID:
@@ -183,7 +195,7 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             manager=_text(entry.get(_PREFIX + "MANAGER")),
             owner=_int(entry, "_UID"),
             watcher_pid=_int(entry, _PREFIX + "WATCHER_PID", 0),
-            state=JobState(_text(entry[_PREFIX + "STATE"])),
+            state=_state(entry),
             world_size=_int(entry, _PREFIX + "WORLD_SIZE", len(ranks)),
             ranks=ranks,
             status=_int(entry, _PREFIX + "STATUS"),
@@ -251,3 +263,29 @@ def recent(manager: Manager, limit: int) -> list[JobView]:
     for view in reversed(query(_matches(manager, None), limit)):
         seen.setdefault(view.job, view)
     return list(seen.values())
+
+
+# -- a job that ended -----------------------------------------------------------
+
+
+def unknown_job(job: str, manager: Manager) -> UnknownJobError:
+    return UnknownJobError(
+        f"no job {job!r} is running on {bus_title(manager)}, and the journal has no record of it",
+        "see 'gpulaunch list --all'; --system or --user choose whose jobs",
+    )
+
+
+def final_view(job: str, manager: Manager, outcome: WaitResult) -> JobView:
+    """The final view: from the signal, else the record; errors if there is neither."""
+    if outcome.final is not None:
+        return outcome.final
+    found = find(job, manager)
+    if found is not None:
+        return found
+    if not outcome.running:
+        raise unknown_job(job, manager)
+    raise JobLostError(
+        f"the watcher of job {job!r} went away without saying how the job ended "
+        "(was it killed?); systemd has stopped its ranks",
+        f"see journalctl _SYSTEMD_SLICE={UnitNames.for_job(job).job_slice}",
+    )

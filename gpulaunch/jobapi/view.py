@@ -26,11 +26,13 @@ from gpulaunch.model import (
     JobProgress,
     JobReport,
     Manager,
+    OomKill,
     Phase,
     RankExit,
     RankProgress,
     RankResult,
     RankState,
+    RankUsage,
 )
 from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 
@@ -87,22 +89,40 @@ def bus_title(manager: Manager) -> str:
 
 
 class JobState(enum.StrEnum):
-    """The job's life as the bus shows it."""
+    """The job's life, spelled the same in `list`, `status`, the record and the bus.
+
+    ::
+
+        starting -> running -> stopping -> succeeded | failed | stopped
+
+    `stopped`: someone stopped it (`gpulaunch stop`, Ctrl-C, a signal to the
+    watcher) before anything failed; `failed`: a rank or another node failed,
+    or it could not start.
+    """
 
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    STOPPED = "stopped"
 
     @property
     def ended(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED)
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+    @classmethod
+    def of_cause(cls, cause: Cause, status: int) -> JobState:
+        """How a job that ended with `cause` and `status` is called."""
+        if cause is Cause.SUCCEEDED and status == 0:
+            return cls.SUCCEEDED
+        if cause is Cause.INTERRUPTED:
+            return cls.STOPPED
+        return cls.FAILED
 
     @classmethod
     def of_report(cls, report: JobReport) -> JobState:
-        ok = report.cause is Cause.SUCCEEDED and report.status == 0
-        return cls.SUCCEEDED if ok else cls.FAILED
+        return cls.of_cause(report.cause, report.status)
 
 
 @dataclass(frozen=True)
@@ -124,6 +144,9 @@ class RankView:
     stopped_by_watcher: bool
     status: int
     runtime: float
+    # Not on the bus (its struct is fixed); in the record's JSON and the report.
+    usage: RankUsage | None = None
+    oom: OomKill | None = None
 
     def wire(self) -> list[Any]:
         return [
@@ -157,7 +180,13 @@ class RankView:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> RankView:
-        return cls.from_wire([obj[f] for f in _RANK_FIELDS])
+        view = cls.from_wire([_UNSET.get(f) if obj[f] is None else obj[f] for f in _RANK_FIELDS])
+        usage, oom = obj.get("usage"), obj.get("oom")
+        return dataclasses.replace(
+            view,
+            usage=RankUsage(**usage) if isinstance(usage, dict) else None,
+            oom=OomKill(**oom) if isinstance(oom, dict) else None,
+        )
 
     @classmethod
     def of_progress(cls, rank: RankProgress) -> RankView:
@@ -173,6 +202,8 @@ class RankView:
             stopped_by_watcher=ex.stopped_by_watcher if ex is not None else rank.stop_requested,
             status=-1 if ex is None else ex.status,
             runtime=0.0 if ex is None else ex.runtime,
+            usage=None if ex is None else ex.usage,
+            oom=None if ex is None else ex.oom,
         )
 
     def result(self) -> RankResult:
@@ -188,13 +219,15 @@ class RankView:
                 stopped_by_watcher=self.stopped_by_watcher,
                 observed_at=0.0,
                 runtime=self.runtime,
+                usage=self.usage,
+                oom=self.oom,
             )
             if ended
             else None,
         )
 
 
-_RANK_FIELDS = tuple(RankView.__dataclass_fields__)
+_RANK_FIELDS = tuple(RankView.__dataclass_fields__)[:10]  # the wire struct's
 
 
 def _cause_rank(report: JobReport | None, failure: NodeFailure | None) -> int:
@@ -240,6 +273,9 @@ class JobView:
     cause_node: int = -1
     cause_host: str = ""
     cause_what: str = ""
+    # µs since the epoch of each rank's last output line, in `ranks` order (0: none yet);
+    # () where unknown (a record, or a watcher that does not publish it).
+    last_output: tuple[int, ...] = ()
     interrupted_by: str = ""  # what interrupted it, when not a signal to its watcher
 
     @property
@@ -386,6 +422,7 @@ class JobView:
             "CauseNode": ("i", self.cause_node),
             "CauseHost": ("s", self.cause_host),
             "CauseWhat": ("s", self.cause_what),
+            "LastOutput": ("at", list(self.last_output)),
         }
 
     @classmethod
@@ -408,6 +445,7 @@ class JobView:
             cause_node=int(props.get("CauseNode", -1)),
             cause_host=str(props.get("CauseHost", "")),
             cause_what=str(props.get("CauseWhat", "")),
+            last_output=tuple(int(t) for t in props.get("LastOutput", ())),
         )
 
 
@@ -425,5 +463,17 @@ def node_from_wire(wire: Sequence[Any]) -> NodeInfo:
     )
 
 
+# The bus's "not (yet) known" values of a rank; JSON says null instead.
+_UNSET: dict[str, Any] = {"pid": 0, "exit_code": -1, "signal": 0, "status": -1, "runtime": 0.0}
+
+
 def ranks_json(rank: RankView) -> dict[str, Any]:
-    return {f: getattr(rank, f) for f in _RANK_FIELDS}
+    """A rank as JSON: null where the bus has a placeholder (a running rank's exit)."""
+    out = {f: getattr(rank, f) for f in _RANK_FIELDS}
+    ended = rank.state in (RankState.EXITED, RankState.STOPPED)
+    for f, unset in _UNSET.items():
+        if out[f] == unset and (f == "pid" or not ended or f in ("exit_code", "signal")):
+            out[f] = None
+    out["usage"] = None if rank.usage is None else dataclasses.asdict(rank.usage)
+    out["oom"] = None if rank.oom is None else dataclasses.asdict(rank.oom)
+    return out

@@ -1,29 +1,26 @@
-"""Reading the journal: journald's rate limit, lines it kept of a rank, and `gpulaunch logs`.
+"""Reading the journal: journald's rate limit, the lines it kept of a rank, rank lines.
 
 journald rate-limits per unit and a scope cannot change that
-(systemd-facts.md): only journald.conf's `RateLimitBurst=`/`RateLimitIntervalSec=`
+(docs/architecture.md): only journald.conf's `RateLimitBurst=`/`RateLimitIntervalSec=`
 can. When a rank wrote more lines than the burst, the watcher compares what
 the pump sent with what journald stored and reports the difference.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulaunch.errors import UnknownJobError
 from gpulaunch.model import LogDrop, Manager
 from gpulaunch.units.names import UnitNames
 
 DEFAULT_BURST = 10000  # journald.conf(5), systemd 252
 CONF_DIRS = ("/usr/lib/systemd", "/usr/local/lib/systemd", "/run/systemd", "/etc/systemd")
-__all__ = ["LogDrop", "cmd_logs", "rate_limit_burst", "stored_lines", "sync"]
+__all__ = ["LogDrop", "rate_limit_burst", "stored_lines", "sync"]
 
 
 def _conf_files(root: Path) -> list[Path]:
@@ -38,6 +35,14 @@ def _conf_files(root: Path) -> list[Path]:
 
 def rate_limit_burst(root: Path = Path("/")) -> int | None:
     """journald's configured burst per unit, or None when rate limiting is off."""
+    burst, interval = rate_limit_settings(root)
+    if burst == 0 or interval.strip() in ("0", "0s", "0ms", "0us"):
+        return None
+    return burst
+
+
+def rate_limit_settings(root: Path = Path("/")) -> tuple[int, str]:
+    """journald's RateLimitBurst= and RateLimitIntervalSec= as configured (journald.conf(5))."""
     burst, interval = DEFAULT_BURST, "30s"
     for path in _conf_files(root):
         try:
@@ -55,9 +60,7 @@ def rate_limit_burst(root: Path = Path("/")) -> int | None:
                     burst = int(value)
                 elif key == "RateLimitIntervalSec":
                     interval = value
-    if burst == 0 or interval.strip() in ("0", "0s", "0ms", "0us"):
-        return None
-    return burst
+    return burst, interval
 
 
 def _journalctl(manager: Manager, args: Sequence[str]) -> list[str]:
@@ -110,17 +113,28 @@ def logs_command(
     follow: bool = False,
     since: str | None = None,
     lines: int | None = None,
+    after_cursor: str | None = None,
 ) -> list[str]:
-    """The journalctl command behind `gpulaunch logs`."""
+    """The journalctl command behind `gpulaunch logs`.
+
+    Only the ranks' own lines (`_TRANSPORT=stdout`: their pumps' streams), not
+    systemd's messages about the units, so that `--lines` counts rank lines.
+    Without `lines` it shows every line (`--follow` alone would show the last 10).
+    """
     unit_opt = "--user-unit" if manager is Manager.USER else "--unit"
     args = [f"{unit_opt}={rank_units_pattern(job, rank)}", "--all", "-o", "json"]
     if follow:
         args.append("--follow")
     if since:
         args.append(f"--since={since}")
-    if lines is not None:
-        args.append(f"--lines={lines}")
-    return ["journalctl", "--no-pager", "-q", *args]
+    if after_cursor is not None:
+        args.append(f"--after-cursor={after_cursor}")
+    else:
+        args.append(f"--lines={lines if lines is not None else 'all'}")
+    return ["journalctl", "--no-pager", "-q", *args, RANK_LINES]
+
+
+RANK_LINES = "_TRANSPORT=stdout"  # a journalctl match: what came through a stream
 
 
 @dataclass(frozen=True)
@@ -130,44 +144,31 @@ class LogLine:
     rank: int
     stderr: bool
     message: bytes
+    cursor: str = ""
+
+
+def parse_entry(raw: bytes) -> LogLine | None:
+    """A rank line from one line of `journalctl -o json`; None for anything else."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    ident = entry.get("SYSLOG_IDENTIFIER")
+    if not isinstance(ident, str) or not ident.startswith("rank") or not ident[4:].isdigit():
+        return None
+    msg = entry.get("MESSAGE")
+    data = bytes(msg) if isinstance(msg, list) else str(msg or "").encode()
+    return LogLine(
+        rank=int(ident[4:]),
+        stderr=entry.get("PRIORITY") == "3",
+        message=data,
+        cursor=str(entry.get("__CURSOR", "")),
+    )
 
 
 def parse_entries(stream: Iterator[bytes]) -> Iterator[LogLine]:
     """Rank lines from `journalctl -o json` output; systemd's own messages are skipped."""
     for raw in stream:
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        ident = entry.get("SYSLOG_IDENTIFIER")
-        if not isinstance(ident, str) or not ident.startswith("rank") or not ident[4:].isdigit():
-            continue
-        msg = entry.get("MESSAGE")
-        data = bytes(msg) if isinstance(msg, list) else str(msg or "").encode()
-        yield LogLine(rank=int(ident[4:]), stderr=entry.get("PRIORITY") == "3", message=data)
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    """`gpulaunch logs`: journalctl for the job's rank units, with rank prefixes."""
-    manager: Manager = args.manager
-    argv = logs_command(manager, args.job, args.rank, args.follow, args.since, args.lines)
-    if not args.follow:
-        probe = [*argv[:3], argv[3], "-o", "cat", "--lines=1"]
-        if not subprocess.run(probe, capture_output=True, check=False).stdout:
-            what = f"rank {args.rank} of job" if args.rank is not None else "job"
-            raise UnknownJobError(
-                f"no logs of {what} {args.job!r} in the journal",
-                "check the job id (gpulaunch list --all), and --user/--system",
-            )
-    width = 1
-    with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
-        assert proc.stdout is not None
-        try:
-            for line in parse_entries(iter(proc.stdout.readline, b"")):
-                width = max(width, len(str(line.rank)))
-                out = sys.stderr.buffer if line.stderr else sys.stdout.buffer
-                out.write(f"[{line.rank:>{width}}] ".encode() + line.message + b"\n")
-                out.flush()
-        except BrokenPipeError:
-            proc.terminate()
-    return 0
+        line = parse_entry(raw)
+        if line is not None:
+            yield line

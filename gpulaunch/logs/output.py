@@ -3,8 +3,11 @@
 The watcher hands each rank's live pipes (copies made by the rank's log pump)
 to `Output`, which reads them on the watcher's loop. Lines are never mixed:
 each (rank, stream) has its own partial-line buffer and a line is written in
-one piece. Carriage-return updates (tqdm) are shown as one progress line that
-is redrawn in place on a terminal, and only in their final state otherwise.
+one piece. Carriage-return updates (tqdm) are shown on a terminal as a block of
+progress lines at the bottom, one per rank (and stream) drawing a bar, redrawn
+in place while the other output scrolls above it; a bar whose line ends leaves
+the block and is shown once, in its final state, like any line. Off a terminal
+only the final state is shown.
 
 Writing to a slow terminal must not stall the loop: terminal output is queued
 and written as the terminal accepts it; reading of the rank pipes pauses only
@@ -16,12 +19,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import re
 import stat
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpulaunch.errors import UsageError
+from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt
 from gpulaunch.model import LogFileGap
 from gpulaunch.numberlist import parse_number_list
 
@@ -32,6 +39,8 @@ BACKLOG_RESUME = 16 << 20
 
 _COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _CLEAR_LINE = b"\r\x1b[2K"
+_UP_AND_CLEAR = b"\x1b[1A\x1b[2K"
+_SGR = re.compile(rb"\x1b\[[0-9;]*m")
 
 
 class Stream(enum.StrEnum):
@@ -128,7 +137,30 @@ TAIL_LINES = 20  # stderr lines kept per rank for the failure report
 class _LineBuffer:
     partial: bytearray = field(default_factory=bytearray)
     lines: int = 0
-    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # clipped
+    # A line longer than MAX_LINE is shown in pieces; for the tail, keep its start and
+    # the end so far, and count the bytes dropped between them.
+    long_start: bytes = b""
+    long_end: bytes = b""
+    long_dropped: int = 0
+
+    def remember(self, lines: list[bytes]) -> None:
+        """The last lines of a chunk (the first may end a long line), clipped for the tail."""
+        tail = [clip_line(line) for line in lines[-TAIL_LINES:]]
+        if self.long_start:
+            if len(lines) <= TAIL_LINES:
+                whole = self.long_start + self.long_end + lines[0]
+                tail[0] = clip_line(whole, self.long_dropped)
+            self.long_start, self.long_end, self.long_dropped = b"", b"", 0
+        self.tail.extend(tail)
+
+    def piece(self, piece: bytes) -> None:
+        """A piece of a line too long to hold, shown on its own."""
+        if not self.long_start:
+            self.long_start, piece = piece[:LINE_KEEP], piece[LINE_KEEP:]
+        end = self.long_end + piece
+        self.long_end = end[-LINE_KEEP:]
+        self.long_dropped += len(end) - len(self.long_end)
 
 
 class Output:
@@ -151,14 +183,25 @@ class Output:
         self._files: dict[int, int] = {}
         self._gaps: dict[int, LogFileGap] = {}  # --log-dir files given up on
         self._watch: Callable[[int, Callable[[], None]], None] | None = None
-        self._status: tuple[Terminal, bytes] | None = None  # the progress line on screen
+        # The progress block: (rank, stream) -> its bar's current text, and how many
+        # lines of it are on the screen (the cursor is at the end of its last line).
+        self._bars: dict[tuple[int, Stream], bytes] = {}
+        self._drawn = 0
+        self._screen = self.stderr if self.stderr.is_tty else self.stdout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused = False
         self._on_change: Callable[[], None] = lambda: None
+        self._last_line: dict[int, float] = {}  # rank -> time.time() of its last complete line
+        self.last_data_at = 0.0  # time.monotonic() of the last output of any rank (--hang-timeout)
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
-            options.log_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                options.log_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot create --log-dir {options.log_dir}: {exc.strerror}", LOG_DIR_HINT
+                ) from None
 
     def place_node(self, first_rank: int, world_size: int) -> None:
         """Several nodes: this node's ranks start at `first_rank` of `world_size`.
@@ -226,11 +269,17 @@ class Output:
             replace(self._gaps[rank], lines_total=self.lines(rank)) for rank in sorted(self._gaps)
         )
 
+    def last_line_at(self, rank: int) -> float | None:
+        """When (time.time()) a rank's last complete line arrived, stdout or stderr; None: none yet.
+
+        Published as `LastOutput` on the bus (docs/dbus.md) for `gpulaunch top`.
+        """
+        return self._last_line.get(rank)
+
     def stderr_tail(self, rank: int) -> str:
-        """The last lines a rank wrote to stderr (for the report of a failure)."""
+        """The last lines a rank wrote to stderr (for the report of a failure), bounded."""
         buf = self._buffers.get((rank, Stream.STDERR))
-        lines = [] if buf is None else list(buf.tail)
-        return "\n".join(line.decode("utf-8", "replace") for line in lines)
+        return "" if buf is None else excerpt(list(buf.tail))
 
     # -- reading ------------------------------------------------------------
 
@@ -252,22 +301,27 @@ class Output:
 
     def data(self, rank: int, stream: Stream, chunk: bytes) -> None:
         """A chunk of a rank's output, as it came."""
+        self.last_data_at = time.monotonic()
         if rank in self._files:
             self._write_file(rank, chunk)
         buf = self._buffers.setdefault((rank, stream), _LineBuffer())
         cut = chunk.rfind(b"\n")
+        if cut >= 0 and (rank, stream) in self._bars:
+            del self._bars[(rank, stream)]  # its line ended: shown above, in its final state
         if cut >= 0:
             # Every complete line at once: split and join run in C, not per line in Python.
             lines = (bytes(buf.partial) + chunk[:cut]).split(b"\n")
             buf.partial = bytearray(chunk[cut + 1 :])
             buf.lines += len(lines)
-            buf.tail.extend(lines[-TAIL_LINES:])
+            buf.remember(lines)
+            self._last_line[rank] = time.time()
             self._lines(rank, stream, lines)
         else:
             buf.partial += chunk
         while len(buf.partial) > MAX_LINE:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
+            buf.piece(piece)
             self._lines(rank, stream, [piece])
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
@@ -297,11 +351,12 @@ class Output:
     def eof(self, rank: int, stream: Stream) -> None:
         """The stream ended: show a last line that had no newline."""
         buf = self._buffers.setdefault((rank, stream), _LineBuffer())
+        self._bars.pop((rank, stream), None)
         if buf.partial:
             buf.lines += 1
             line = bytes(buf.partial)
             buf.partial.clear()
-            buf.tail.append(line)
+            buf.remember([line])
             self._lines(rank, stream, [line])
 
     # -- showing ------------------------------------------------------------
@@ -327,28 +382,56 @@ class Output:
             # What a terminal would finally show of a line redrawn with carriage returns.
             lines = [line.rstrip(b"\r").rsplit(b"\r", 1)[-1] for line in lines]
             text = (b"\n" + prefix).join(lines)
-        self._clear_status()
-        self._terminal(stream).write(prefix + text + b"\n")
+        term = self._terminal(stream)
+        on_screen = term.is_tty and bool(self._drawn or self._bars)
+        if on_screen:
+            self._erase_bars()
+        term.write(prefix + text + b"\n")
+        if on_screen:
+            self._draw_bars()
 
     def _progress(self, rank: int, stream: Stream, partial: bytes) -> None:
-        term = self._terminal(stream)
-        if not self._shown(rank) or not term.is_tty:
+        if not self._shown(rank) or not self._terminal(stream).is_tty:
             return  # off a terminal, only the final state of the line is shown
         current = partial.rsplit(b"\r", 1)[-1] or partial.rstrip(b"\r").rsplit(b"\r", 1)[-1]
-        self._clear_status()
-        text = self._prefix(rank) + current
-        term.write(text)
-        self._status = (term, text)
+        self._erase_bars()
+        self._bars[(rank, stream)] = current
+        self._draw_bars()
 
-    def _clear_status(self) -> None:
-        if self._status is not None:
-            self._status[0].write(_CLEAR_LINE)
-            self._status = None
+    def _erase_bars(self) -> None:
+        """Take the progress block off the screen; the cursor ends where it began."""
+        if self._drawn:
+            self._screen.write(_CLEAR_LINE + _UP_AND_CLEAR * (self._drawn - 1))
+            self._drawn = 0
+
+    def _draw_bars(self) -> None:
+        """One line per bar, by rank, each cut to the terminal's width so that none wraps."""
+        if not self._bars:
+            return
+        try:
+            columns = os.get_terminal_size(self._screen.fd).columns
+        except OSError:
+            columns = 0  # not a real terminal (tests): nothing is cut
+        lines = []
+        for (rank, _), text in sorted(self._bars.items()):
+            prefix = self._prefix(rank)
+            if columns:
+                room = max(columns - len(_SGR.sub(b"", prefix)) - 1, 0)
+                shown = text.decode("utf-8", "replace")[:room].encode()
+            else:
+                shown = text
+            lines.append(prefix + shown)
+        self._screen.write(b"\n".join(lines))
+        self._drawn = len(lines)
 
     def message(self, text: str) -> None:
         """A line of gpulaunch's own (warnings, the report) on stderr, between rank lines."""
-        self._clear_status()
+        on_screen = self.stderr.is_tty and bool(self._drawn)
+        if on_screen:
+            self._erase_bars()
         self.stderr.write(text.encode() + b"\n")
+        if on_screen:
+            self._draw_bars()
 
     # -- backpressure -------------------------------------------------------
 
@@ -378,13 +461,31 @@ class Output:
                 self._loop.remove_reader(fd)
             os.close(fd)
         self._pipes.clear()
-        self._clear_status()
+        self._erase_bars()
         for term in (self.stdout, self.stderr):
             term.drain()
             term.close()
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+
+
+LOG_DIR_HINT = "give a directory you can write to, or one that can be created"
+
+
+def log_dir_problem(path: Path) -> str | None:
+    """Why `--log-dir path` cannot hold the rank logs, or None: checked before anything starts."""
+    if os.path.lexists(path) and not path.exists():
+        return f"{path} is a symbolic link to nothing"
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "write to" if existing == path.absolute() else f"create {path} in"
+        return f"cannot {what} {existing}"
+    return None
 
 
 def parse_ranks(text: str) -> frozenset[int]:

@@ -31,6 +31,8 @@ import termios
 import time
 from dataclasses import dataclass
 
+import setproctitle  # imported by the watcher: the forked pump imports nothing
+
 JOURNAL_STDOUT = "/run/systemd/journal/stdout"
 JOURNAL_BACKLOG = 16 << 20  # bytes a pump holds for journald before the rank must wait
 JOURNAL_DRAIN_TIMEOUT = 60.0  # at most this long for journald to read a finished stream
@@ -142,8 +144,23 @@ class _JournalStream:
         return True
 
 
+def pump_titles(rank: int) -> tuple[str, str]:
+    """What `ps`/`systemctl status` show for rank's pump (its argv) and `ps -o comm` (15 bytes)."""
+    return f"gpulaunch: log pump, rank {rank}", f"glpump-rank{rank}"[:15]
+
+
+def name_process(rank: int) -> None:  # pragma: no cover - runs in the forked pump
+    """Show the pump as what it is, not as a copy of the watcher's `gpulaunch start ...`."""
+    title, comm = pump_titles(rank)
+    setproctitle.setproctitle(title)  # rewrites argv in place (/proc/PID/cmdline)
+    setproctitle.setthreadtitle(comm)  # prctl(PR_SET_NAME): /proc/PID/comm
+
+
 def run_pump(
-    inputs: dict[str, int], live: dict[str, int], journal: JournalTarget | None
+    inputs: dict[str, int],
+    live: dict[str, int],
+    journal: JournalTarget | None,
+    rank: int | None = None,
 ) -> None:  # pragma: no cover - runs in the forked pump (exercised by integration tests)
     """Copy each input stream to journald and to the watcher until every input is at EOF.
 
@@ -151,6 +168,8 @@ def run_pump(
     before this function runs. Up to JOURNAL_BACKLOG bytes wait for journald
     in memory; beyond that the pump stops reading and the rank waits.
     """
+    if rank is not None:
+        name_process(rank)
     journals: dict[str, _JournalStream] = {}
     missed = False  # journald may lack some lines: the exit status says so
 

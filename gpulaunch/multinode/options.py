@@ -82,7 +82,7 @@ def split_endpoint(text: str, default_port: int, flag: str) -> tuple[str, int]:
     port = default_port
     if rest:
         port = int(rest[0]) if re.fullmatch(r"[0-9]{1,5}", rest[0]) else -1
-    if not re.fullmatch(r"[\w.:-]+", host) or not 0 < port < 65536:
+    if not re.fullmatch(r"[\w.:-]+", host) or not 0 <= port < 65536:
         raise UsageError(
             f"{flag} {text!r} is not HOST[:PORT]",
             "e.g. node0.example:29400, 10.0.0.1:29400 or [fd00::1]:29400",
@@ -143,6 +143,19 @@ def plan_nodes(
             "use static (--node-rank, --master-addr) or c10d (--rdzv-endpoint)",
         ) from None
     single = nnodes == 1 and backend is Backend.STATIC and opts.rdzv_endpoint is None
+    endpoint_port = (
+        split_endpoint(opts.rdzv_endpoint, 1, "--rdzv-endpoint")[1] if opts.rdzv_endpoint else None
+    )
+    if endpoint_port == 0:
+        # torchrun's single-node idiom (what --standalone means): port 0 picks a free
+        # port, which no other node could know.
+        if nnodes != 1:
+            raise UsageError(
+                f"--rdzv-endpoint {opts.rdzv_endpoint}: port 0 (a free port) works only for "
+                f"one node, and this job has {nnodes}",
+                "give the port every node can reach, e.g. node0.example:29400",
+            )
+        single = True
     if single:
         if opts.node_rank not in (None, 0):
             raise UsageError(

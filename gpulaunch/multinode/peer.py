@@ -61,6 +61,27 @@ def die_with_watcher(signum: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
+class UnresolvableHost(Exception):
+    """This node's own name does not resolve: torch would hand it to the ranks anyway."""
+
+
+def check_own_name(host: str) -> None:
+    """Fail at once where torch's c10d rendezvous would wait: an address nobody can resolve.
+
+    Without --local-addr, torch gives node 0's FQDN to every rank as MASTER_ADDR
+    (and to Gloo); a name that does not resolve makes them retry in silence until
+    their timeout.
+    """
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as exc:
+        raise UnresolvableHost(
+            f"this node's name {host!r} does not resolve to an address ({exc.strerror}), and "
+            "torch would give it to the ranks; pass --local-addr with an address the nodes "
+            "reach (e.g. --local-addr 127.0.0.1 on one node), or add the name to /etc/hosts"
+        ) from None
+
+
 class Peer:
     def __init__(self, config: NodeConfig, link: socket.socket) -> None:
         self.config = config
@@ -283,7 +304,12 @@ def main() -> int:
     link = socket.socket(fileno=LINK_FD)
     peer = Peer(config, link)
     try:
+        if config.backend is Backend.C10D and not config.local_addr:
+            check_own_name(peer.host)
         peer.layout = peer.rendezvous()
+    except UnresolvableHost as exc:
+        peer.send(Event.ERROR, message=str(exc))
+        return 1
     except Exception as exc:  # noqa: BLE001 - said to the watcher, which tells the user
         peer.send(Event.ERROR, message=f"{type(exc).__name__}: {exc}".splitlines()[0])
         return 1

@@ -85,6 +85,20 @@ def generated_job_id(script: str) -> str:
     return f"{job_stem(script)}_{secrets.token_hex(3)}"
 
 
+# seconds (31 years): any longer is "never", and systemd counts in 64-bit µs. A stop that
+# never escalates to SIGKILL would leave ranks behind (units/guarantees.py).
+GRACE_MAX = 1e9
+
+
+def check_grace(seconds: float) -> None:
+    """--grace is a finite number of seconds that systemd can hold (TimeoutStopSec=)."""
+    if not 0 <= seconds <= GRACE_MAX:  # also NaN
+        raise UsageError(
+            f"--grace must be between 0 and {GRACE_MAX:.0f} seconds, not {seconds:g}",
+            "give the seconds between SIGTERM and SIGKILL, e.g. --grace 10",
+        )
+
+
 def free_port(addr: str) -> int:
     """A TCP port that is free on `addr` now (as torchrun --standalone picks one)."""
     with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as sock:
@@ -115,8 +129,7 @@ def make_spec(
     """
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts must not be negative, not {opts.max_restarts}")
-    if opts.grace_sec < 0:
-        raise UsageError(f"--grace must not be negative, not {opts.grace_sec:g}")
+    check_grace(opts.grace_sec)
     if opts.master_port is not None and not 0 < opts.master_port < 65536:
         raise UsageError(f"--master-port must be between 1 and 65535, not {opts.master_port}")
     check_target(opts.launch, opts.script, cwd, base_env)

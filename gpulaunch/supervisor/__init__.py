@@ -11,6 +11,8 @@ one small interface, `Supervisor`, and never to systemd itself:
   replies to StartTransientUnit before it moves the process);
 - `stop_gang`: stop every rank, gracefully (SIGTERM, SIGKILL after the grace);
   `SupervisorEvents.gang_stopped` says when nothing of them is left;
+- `stop_ranks`: stop some ranks gracefully, the gang stays (a rank's error file
+  was written: the others stop while its own exit is awaited);
 - `kill_gang`: SIGKILL every rank now (a second Ctrl-C);
 - `renew_gang`: containment for a new attempt after a gang stop (restarts);
 - `catch_up`: hand over every event already under way before the watcher
@@ -70,6 +72,9 @@ class Supervisor(Protocol):
 
     def stop_gang(self) -> None:
         """Stop every rank gracefully; `SupervisorEvents.gang_stopped` follows."""
+
+    def stop_ranks(self, ranks: Sequence[int]) -> None:
+        """Stop these ranks gracefully (a rank's error file came first: its exit is awaited)."""
 
     def kill_gang(self) -> None:
         """SIGKILL every process of every rank now."""

@@ -108,6 +108,12 @@ class SystemdSupervisor:
         if self._stop_job is None:  # the slice is not loaded: nothing left to stop
             self._gang_stopped()
 
+    def stop_ranks(self, ranks: Sequence[int]) -> None:
+        """StopUnit on each rank's scope (SIGTERM, SIGKILL after TimeoutStopSec=)."""
+        for rank in ranks:
+            self.sd.stop_unit(self.units.ranks[rank].name)
+        self._on_bus()
+
     def kill_gang(self) -> None:
         for unit in self.units.ranks:
             self.sd.kill_unit(unit.name, signal.SIGKILL)

@@ -49,8 +49,8 @@ _UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 _QUIET_CALLS = 3
 
 NO_SYSTEMD_HINT = (
-    "gpulaunch needs a running systemd; on a machine without one (a container, CI) "
-    "run it inside the project's throwaway systemd: python -m sdbox run -- gpulaunch ..."
+    "gpulaunch needs a running systemd: on a host booted with it, or in a container "
+    "that runs it as PID 1 (e.g. podman run --systemd=always)"
 )
 
 

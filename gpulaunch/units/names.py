@@ -6,6 +6,13 @@ id is escaped before it becomes part of a unit name: every byte outside
 is escaped too (plain `systemd-escape` maps it to `-`, which would make `a/b`
 and `a-b` collide). See systemd.unit(5), "String Escaping for Inclusion in
 Unit Names".
+
+Distinct job ids always get distinct names. Escaping byte by byte is
+injective, and a job id whose escaped form would not fit (or that is no
+string argv could give) gets a hashed form instead: a readable head, `_`, and
+hex digits of a hash of the whole id, exactly `HASHED_LENGTH` characters long.
+An escaped id is used only when it is shorter than that, so no escaped id can
+spell a hashed form (issue 13, item 11).
 """
 
 from __future__ import annotations
@@ -19,13 +26,12 @@ ROOT_SLICE = f"{PREFIX}.slice"
 
 # Unit names are limited to 255 bytes (UNIT_NAME_MAX). The longest name we
 # derive is "gpulaunch-<job>-rank<N>.scope"; keep room for 7-digit ranks.
-_MAX_ESCAPED = 255 - len(f"{PREFIX}--rank9999999.scope")
+HASHED_LENGTH = 255 - len(f"{PREFIX}--rank9999999.scope")
+_MIN_DIGEST = 32  # hex digits: 128 bits of the hash, at least
 _SAFE = re.compile(rb"[A-Za-z0-9_.:]")
 
 
-def escape(job: str) -> str:
-    """Escape a job id into a unit-name component without nesting or collisions."""
-    raw = job.encode("utf-8", "surrogateescape")
+def _escape_bytes(raw: bytes) -> str:
     out = []
     for i, byte in enumerate(raw):
         char = bytes([byte])
@@ -33,14 +39,38 @@ def escape(job: str) -> str:
             out.append(char.decode())
         else:
             out.append(f"\\x{byte:02x}")
-    escaped = "".join(out)
-    if len(escaped) > _MAX_ESCAPED:
-        # Keep a readable head and make the rest unique by hashing the whole id.
-        digest = hashlib.sha256(raw).hexdigest()[:16]
-        head = escaped[: _MAX_ESCAPED - len(digest) - 1]
-        head = head[: head.rfind("\\")] if "\\" in head[-3:] else head  # never cut an escape
-        escaped = f"{head}_{digest}"
-    return escaped
+    return "".join(out)
+
+
+def _argv_bytes(job: str) -> bytes | None:
+    """The bytes `job` was decoded from (argv, environ: UTF-8, surrogateescape), or None.
+
+    A string that no bytes decode to (a surrogate not from surrogateescape, or
+    surrogates spelling valid UTF-8) has none: encoding it would collide with
+    another id.
+    """
+    try:
+        raw = job.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return None
+    return raw if raw.decode("utf-8", "surrogateescape") == job else None
+
+
+def escape(job: str) -> str:
+    """Escape a job id into a unit-name component: no nesting, never the same for two ids."""
+    raw = _argv_bytes(job)
+    escaped = _escape_bytes(raw if raw is not None else job.encode("utf-8", "surrogatepass"))
+    if raw is not None and len(escaped) < HASHED_LENGTH:
+        return escaped
+    # Keep a readable head; the hash of the whole id (surrogatepass: one encoding for every
+    # string) fills the rest, so that the name is exactly HASHED_LENGTH characters long.
+    head = escaped[: HASHED_LENGTH - _MIN_DIGEST - 1]
+    cut = head.rfind("\\")
+    if cut >= 0 and cut > len(head) - 4:  # never cut an escape (4 characters) in half
+        head = head[:cut]
+    digits = HASHED_LENGTH - len(head) - 1
+    digest = hashlib.shake_256(job.encode("utf-8", "surrogatepass")).hexdigest((digits + 1) // 2)
+    return f"{head}_{digest[:digits]}"
 
 
 def validate_job_id(job: str) -> str | None:
@@ -49,6 +79,11 @@ def validate_job_id(job: str) -> str | None:
         return "the job id is empty"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in job):
         return "the job id contains control characters"
+    try:
+        job.encode("utf-8")
+    except UnicodeEncodeError:
+        # It names D-Bus objects, unit descriptions and journal fields, which are UTF-8.
+        return "the job id is not valid UTF-8; give it as UTF-8 text"
     return None
 
 

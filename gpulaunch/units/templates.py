@@ -84,6 +84,15 @@ def user_dir(environ: Mapping[str, str]) -> Path:
     return Path(config) / "gpulaunch" / "units"
 
 
+def units_dir_problem(path: Path) -> str | None:
+    """Why `--units-dir path` cannot be searched for templates, or None."""
+    if not path.is_dir():
+        return f"{path} {'is not a directory' if path.exists() else 'does not exist'}"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return f"cannot read {path}"
+    return None
+
+
 def systemd_text(value: object) -> str:
     """Arbitrary text as a one-line unit-file value that systemd reads back unchanged.
 

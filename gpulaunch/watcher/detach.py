@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-_STARTED = b"\0gpulaunch-started\n"  # never part of a message: it begins with NUL
+STARTED = b"\0gpulaunch-started\n"  # never part of a message: it begins with NUL
 
 
 class Detached:
@@ -58,8 +58,8 @@ class Detached:
         try:
             while chunk := os.read(self._fd, 65536):
                 pending += chunk
-                head, marker, _ = pending.partition(_STARTED)
-                keep = 0 if marker else _tail_overlap(head, _STARTED)
+                head, marker, _ = pending.partition(STARTED)
+                keep = 0 if marker else tail_overlap(head, STARTED)
                 os.write(2, head[: len(head) - keep])
                 pending = head[len(head) - keep :]
                 if marker:
@@ -78,13 +78,13 @@ class Detached:
     def started(self) -> None:
         """In the child: the job's units exist; let the parent go."""
         sys.stderr.flush()
-        os.write(2, _STARTED)
+        os.write(2, STARTED)
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 2)
         os.close(null)
 
 
-def _tail_overlap(data: bytes, marker: bytes) -> int:
+def tail_overlap(data: bytes, marker: bytes) -> int:
     """How many bytes at the end of `data` could begin `marker` (hold them back)."""
     for n in range(min(len(data), len(marker) - 1), 0, -1):
         if marker.startswith(data[-n:]):

@@ -12,9 +12,11 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from gpulaunch.logs.excerpt import text_excerpt
 from gpulaunch.model import Manager
 
 
@@ -55,12 +57,33 @@ class ErrorFiles:
         return read_error_file(self.root / f"attempt_{attempt}" / str(rank) / "error.json")
 
 
+def rank_error(
+    errors: ErrorFiles | None, attempt: int, rank: int, stderr_tail: Callable[[int], str]
+) -> tuple[str | None, str | None]:
+    """The cause rank's own error: its @record traceback, else its last stderr lines."""
+    from_file = errors.read(attempt, rank) if errors else None
+    if from_file:
+        return from_file, "its error file (@record)"
+    tail = stderr_tail(rank)
+    return (tail, "the last lines of its stderr") if tail else (None, None)
+
+
+ERROR_FILE_MAX = 64 << 20  # a larger error file is not read (the stderr tail is shown instead)
+
+
 def read_error_file(path: Path) -> str | None:
-    """The traceback (or message) a rank's `@record` wrote, or None."""
+    """The traceback (or message) a rank's `@record` wrote, bounded (logs/excerpt.py), or None."""
     try:
-        data = json.loads(path.read_text())
+        with path.open("rb") as file:
+            raw = file.read(ERROR_FILE_MAX + 1)
+        data = json.loads(raw) if len(raw) <= ERROR_FILE_MAX else None
     except (OSError, ValueError):
         return None
+    text = _error_text(data)
+    return text_excerpt(text) if text is not None else None
+
+
+def _error_text(data: object) -> str | None:
     message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, str):
         return message.rstrip() or None

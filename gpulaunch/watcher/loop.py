@@ -1,16 +1,10 @@
-"""The watcher: one single-threaded event loop that runs a job.
+"""The watcher: one single-threaded event loop that runs a job (docs/architecture.md).
 
-It forks every rank held at a gate, has its supervisor contain each (systemd:
-a scope; gpulaunch/supervisor/), opens the gates, then sleeps in the event
-loop until something happens: a rank's pidfd becomes readable, the supervisor
-reports (a rank contained, the gang gone), a signal arrives through the wakeup
-fd, or an observer (the D-Bus publisher) asks for something. There is no timer
-and no poll interval: the grace period belongs to the supervisor (systemd's
-`TimeoutStopSec=`, systemd.kill(5)). docs/architecture.md draws it.
-
-The loop is asyncio's (an epoll loop on one thread), driven from synchronous
-code: `_loop(until)` runs it until `until()` holds, re-checking after every
-event. asyncio because the libraries that publish objects on D-Bus need it.
+It forks every rank held at a gate, has its supervisor contain each, opens the
+gates, then sleeps until a rank's pidfd, the supervisor, a signal (wakeup fd),
+an observer, an error file (inotify) or a deadline (--hang-timeout) wakes it.
+No poll interval: the grace period belongs to the supervisor (systemd.kill(5)).
+The loop itself, asyncio's driven from synchronous code, is watcher/eventloop.py.
 """
 
 from __future__ import annotations
@@ -19,10 +13,9 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, TypeVar
 
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
@@ -41,18 +34,20 @@ from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
+from gpulaunch.resources.final import UsageReader
 from gpulaunch.supervisor import Supervisor
-from gpulaunch.watcher.errorfile import ErrorFiles, runtime_base
+from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
+from gpulaunch.watcher.errorwatch import ErrorFileWatch, stop_others
+from gpulaunch.watcher.eventloop import EventLoop
+from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.interrupts import pending
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank
 
-T = TypeVar("T")
 
-
-class Watcher:
+class Watcher(EventLoop):
     """Runs one job to its end and returns its `JobReport`."""
 
     def __init__(
@@ -67,10 +62,13 @@ class Watcher:
         journal: bool = False,
         runtime_dir: Path | None = None,
         peer: PeerLink | None = None,
+        hang: HangWatch | None = None,
     ) -> None:
+        super().__init__()
         self.spec = spec
         self.supervisor = supervisor
         self.wakeup_fd = wakeup_fd
+        os.set_blocking(wakeup_fd, False)  # read between forks too, not only when readable
         self.clock = clock
         self.on_created = on_created  # called once the job's units exist
         self.phase = Phase.STARTING
@@ -82,18 +80,18 @@ class Watcher:
         self.stop_issued = False
         self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
-        self._failure: BaseException | None = None  # raised by an fd handler: see _watch
         self.observers = tuple(observers)
         self.output = output or Output(OutputOptions(), spec.world_size)
         self.journal = journal  # whether the pumps write to journald
-        self._aio = asyncio.new_event_loop()
-        self._changed: asyncio.Future[None] | None = None
         self.attempt = 0  # restarts of the whole gang so far (--max-restarts)
         self._settle_deadline: float | None = None  # see _finished
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
+        self._written: ErrorFileWatch | None = None  # inotify: a rank's @record wrote its file
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
+        self.usage = UsageReader(spec)  # what each rank used, read as it ends
+        self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
@@ -103,7 +101,11 @@ class Watcher:
     def run(self) -> JobReport:
         with ExitStack() as stack:
             stack.callback(self._aio.close)
-            stack.callback(self._kill_and_reap_all)
+            # On any error path: no child of ours outlives run().
+            stack.callback(
+                lambda: kill_and_reap([c for r in self.ranks for c in (r.child, r.pump)])
+            )
+            stack.callback(self.usage.close)
             self._watch(self.wakeup_fd, self._on_signal)
             self.supervisor.attach(self._aio, self._watch, self)
             self.output.attach(self._aio, self._poke, self._watch)
@@ -116,6 +118,8 @@ class Watcher:
             self._errors = stack.enter_context(
                 ErrorFiles(self._runtime_dir, self.spec.names.component)
             )
+            self._written = stack.enter_context(ErrorFileWatch())
+            self._watch(self._written.fileno(), self._on_error_file)
             self.on_created()
             while True:
                 if not self._stopping_asked():
@@ -182,44 +186,6 @@ class Watcher:
         if self.phase is not Phase.STARTING:
             self._begin_stop()
 
-    def _watch(self, fd: int, handler: Callable[[], None]) -> None:
-        """Run `handler` whenever `fd` is readable; what it raises is raised by `_loop`."""
-
-        def dispatch() -> None:
-            try:
-                handler()
-            except BaseException as exc:  # asyncio would only log it: raise it from _loop
-                if self._failure is None:
-                    self._failure = exc
-            self._poke()
-
-        self._aio.add_reader(fd, dispatch)
-
-    def _poke(self) -> None:
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
-
-    def _loop(self, until: Callable[[], bool]) -> None:
-        while True:
-            if self._failure is not None:
-                failure, self._failure = self._failure, None
-                raise failure
-            if until():
-                return
-            self._changed = self._aio.create_future()
-            self._aio.run_until_complete(self._changed)
-
-    def _run(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run `work` on the loop while every other event is handled as usual."""
-        task = self._aio.create_task(work)
-        task.add_done_callback(lambda _: self._poke())
-        try:
-            self._loop(task.done)
-        finally:
-            if not task.done():
-                task.cancel()
-        return task.result()
-
     def _set_phase(self, phase: Phase) -> None:
         if phase is not self.phase:
             self.phase = phase
@@ -282,13 +248,10 @@ class Watcher:
         self._run(self.supervisor.create(pids))
 
     def _start_ranks(self) -> None:
-        """Fork every rank at its gate and ask the supervisor to contain it.
-
-        The gates open when the supervisor said every rank is contained
-        (`placed`): with systemd, the reply to StartTransientUnit comes before
-        the move, so that is later than the call.
-        """
+        """Fork every rank at its gate and ask the supervisor to contain it; the gates open
+        when it said every rank is contained (`placed`: systemd moves after its reply)."""
         for index, rank in enumerate(self.ranks):
+            self._on_signal()  # a big job: hear a SIGTERM between two forks, not after the last
             if self.interrupt is not None or self.stop_issued:
                 return
             self._fork_rank(rank)
@@ -316,6 +279,8 @@ class Watcher:
         )
         assert self._errors is not None
         error_file = self._errors.path(self.attempt, rank.spec.rank)
+        if self._written is not None:
+            self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         try:
             rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w})
@@ -323,7 +288,9 @@ class Watcher:
             self._advance(rank, RankState.HELD)
             self._watch(rank.child.pidfd, self._exit_handler(rank))
             rank.pump = fork_held(
-                lambda: run_pump({"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target),
+                lambda: run_pump(
+                    {"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target, rank.spec.rank
+                ),
                 {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
                 ignore=IGNORED_SIGNALS,
             )
@@ -369,24 +336,21 @@ class Watcher:
         self._interrupted(signal.SIGTERM, what)
 
     def _open_gates(self) -> None:
-        """Let every rank run at once, when all of them are in their scopes.
-
-        One by one would let the first ranks' start-up compete for the CPUs with
-        the watcher still creating the others' scopes; and a gang waits for its
-        slowest member at its first collective anyway.
-        """
+        """Let every rank run at once, when all of them are in their scopes (all at once: one
+        by one, the first ranks' start-up would compete with the others' scope creation)."""
         if self.stop_issued or not self._all_forked or not all(r.in_scope for r in self.ranks):
             return
         for rank in self.ranks:
             if rank.state is RankState.HELD:
-                assert rank.child is not None and rank.pump is not None
-                rank.pump.release()
-                rank.child.release()
+                rank.release()
         now = self.clock()
         for rank in self.ranks:
             if rank.state is RankState.HELD:
                 rank.born_at = now
                 self._advance(rank, RankState.RUNNING)
+        if self.hang is not None:
+            hung = "the job hung (--hang-timeout)"
+            self.hang.start(self._aio, lambda: self.ranks, lambda: self._stop_after_stacks(hung))
 
     def _exit_handler(self, rank: Rank) -> Callable[[], None]:
         return lambda: self._on_exit(rank)
@@ -402,7 +366,7 @@ class Watcher:
 
     def _on_exit(self, rank: Rank) -> None:
         assert rank.child is not None
-        status = reap(rank.child.pidfd)
+        status, used, oom = self.usage.reap(rank.child, rank.cgroup)
         if (status.code != 0 or status.signal is not None) and not rank.stop_requested:
             # Did it fail, or was it stopped from outside? Hear the supervisor first.
             self.supervisor.catch_up()
@@ -413,9 +377,11 @@ class Watcher:
             code=status.code,
             signal=status.signal,
             stopped_by_watcher=rank.stop_requested,
-            observed_at=now,
+            observed_at=now if rank.error_at is None else rank.error_at,  # see _on_error_file
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
+            usage=used,
+            oom=oom,
         )
         self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:
@@ -423,7 +389,30 @@ class Watcher:
                 error, source = self._rank_error(rank.spec.rank)
                 what = f"rank {rank.spec.rank} {rank.exit.describe()}"
                 self.nodes.offer(what, rank.exit.status, rank.spec.rank, error, source)
+            self._stop_after_stacks(f"rank {rank.spec.rank} {rank.exit.describe()}", failure=True)
+
+    def _on_error_file(self) -> None:
+        """A rank's @record wrote its error file: stop the others now (watcher/errorwatch.py)."""
+        assert self._written is not None and self._errors is not None
+        for rank in self._written.new_errors(self._errors, self.ranks, self.attempt):
+            rank.error_at = self.clock()  # it is the cause, observed now: see _on_exit
+            if self.nodes is None:  # several nodes: the others learn it at its exit, as before
+                self._set_phase(Phase.STOPPING)
+                self.supervisor.stop_ranks(stop_others(self.ranks))
+                self._aio.call_later(self.spec.grace_sec, self._request_stop_now, self.attempt)
+
+    def _stop_after_stacks(self, why: str, failure: bool = False) -> None:
+        """--hang-timeout, --dump-stacks: the live ranks' stacks first, then the gang stop."""
+        if self.hang is None or (failure and not self.hang.dump_stacks) or self.stop_issued:
+            return self._begin_stop()
+        self.hang.cancel()
+        task = self._aio.create_task(self.hang.take(self.ranks, why))
+        task.add_done_callback(lambda _: self._request_stop_now())
+
+    def _request_stop_now(self, attempt: int | None = None) -> None:
+        if attempt is None or attempt == self.attempt:  # not a timer of an earlier attempt
             self._begin_stop()
+            self._poke()
 
     # -- the other nodes (multi-node jobs) ------------------------------
 
@@ -447,8 +436,8 @@ class Watcher:
         self.stop_issued = True
         self._set_phase(Phase.STOPPING)
         for rank in self.ranks:
-            if rank.state.alive:
-                rank.stop_requested = True
+            if rank.state.alive and rank.error_at is None:  # a rank that wrote its error
+                rank.stop_requested = True  # file is the cause, however it ends
             if rank.state is RankState.HELD and rank.child is not None:
                 # Never ran user code: nothing to be graceful about.
                 for child in (rank.child, rank.pump):
@@ -463,22 +452,13 @@ class Watcher:
         self._begin_stop()
         self.supervisor.kill_gang()
 
-    def _kill_and_reap_all(self) -> None:
-        """On any error path: no child of ours outlives this function."""
-        kill_and_reap([c for r in self.ranks for c in (r.child, r.pump)])
-
     # -- the outcome ------------------------------------------------------
 
     def _exits(self) -> dict[int, RankExit]:
         return {r.spec.rank: r.exit for r in self.ranks if r.exit is not None}
 
     def _rank_error(self, rank: int) -> tuple[str | None, str | None]:
-        """The cause rank's own error: its @record traceback, else its last stderr lines."""
-        from_file = self._errors.read(self.attempt, rank) if self._errors else None
-        if from_file:
-            return from_file, "its error file (@record)"
-        tail = self.output.stderr_tail(rank)
-        return (tail, "the last lines of its stderr") if tail else (None, None)
+        return rank_error(self._errors, self.attempt, rank, self.output.stderr_tail)
 
     def report(self) -> JobReport:
         return job_report(
@@ -488,6 +468,7 @@ class Watcher:
                 self._exits(),
                 self.interrupt,
                 self.nodes.elsewhere if self.nodes is not None else None,
+                self.hang.hung_at if self.hang else None,
             ),
             interrupt=self.interrupt,
             interrupted_by=self.interrupted_by,
@@ -495,4 +476,6 @@ class Watcher:
             restarts=self.attempt,
             node_failure=self.node_failure,
             rank_error=self._rank_error,
+            hang=self.hang.summary if self.hang else None,
+            stacks=self.hang.stacks if self.hang else None,
         )

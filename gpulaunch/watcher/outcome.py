@@ -21,6 +21,8 @@ def job_report(
     restarts: int,
     node_failure: NodeFailure | None,
     rank_error: Callable[[int], tuple[str | None, str | None]],
+    hang: str | None = None,
+    stacks: str | None = None,
 ) -> JobReport:
     """The report: `outcome` (model.job_outcome), unless the job failed to start.
 
@@ -53,4 +55,6 @@ def job_report(
         restarts=restarts,
         layout=spec.layout,
         node_failure=node_failure,
+        hang=hang if outcome.cause is Cause.HUNG else None,
+        stacks=stacks,
     )

@@ -12,9 +12,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import resource
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from gpulaunch.watcher import nofile
 
 # Exit codes of a child that never reached the script.
 GATE_CLOSED = 126  # the watcher went away or gave up before opening the gate
@@ -82,7 +85,13 @@ def fork_held(
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; it never returns
         try:
-            gate = _child_setup(read_end, fds, ignore)
+            try:
+                gate = _child_setup(read_end, fds, ignore)
+            except OSError as exc:
+                # Still the watcher's stderr (fd 2 is replaced last): say why, once.
+                with contextlib.suppress(OSError):
+                    os.write(2, f"gpulaunch: child {os.getpid()} cannot start: {exc}\n".encode())
+                os._exit(EXEC_FAILED)
             if os.read(gate, 1) != b"x":
                 os._exit(GATE_CLOSED)
             os.close(gate)
@@ -112,15 +121,26 @@ def _child_setup(
     os.setpgid(0, 0)
     top = max([2, *fds]) + 1
     wanted = {**fds, top: gate}
-    # Move every source out of the way first, so that no dup2 clobbers another source.
-    high = {t: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, 1024) for t, src in wanted.items()}
-    for target, source in high.items():
+    # First close every fd of the watcher we do not pass on: the child has its
+    # limit, and the watcher may use nearly all of it (a rank per few fds).
+    keep = sorted({0, 1, 2, *wanted.values()})
+    for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")], strict=True):
+        os.closerange(low + 1, high)
+    # Then move every source above all targets, so that no dup2 clobbers
+    # another source (a target may be some other source's number): F_DUPFD
+    # takes the lowest free fd at or above `top + 1`, and with the watcher's
+    # fds closed, that is far below any limit.
+    moved = {t: fcntl.fcntl(src, fcntl.F_DUPFD_CLOEXEC, top + 1) for t, src in wanted.items()}
+    for source in set(wanted.values()) - {0, 1, 2}:
+        os.close(source)
+    for target, source in moved.items():
         os.dup2(source, target, inheritable=target in fds)
     os.closerange(top + 1, os.sysconf("SC_OPEN_MAX"))
     for fd in range(3, top):
         if fd not in wanted:
             with contextlib.suppress(OSError):
                 os.close(fd)
+    nofile.restore_user_nofile()  # only now: fds at or above it are gone
     return top
 
 
@@ -154,6 +174,18 @@ def reap(pidfd: int) -> WaitStatus:
     )
 
 
+def reap_with_usage(child: HeldChild) -> tuple[WaitStatus, resource.struct_rusage]:
+    """Reap a child whose pidfd said it exited, with its rusage (`wait4`; `waitid` has none).
+
+    Only the parent reaps it and it has not been reaped, so its pid is still its own.
+    """
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return WaitStatus(code=None, signal=sig, core_dumped=os.WCOREDUMP(status)), usage
+    return WaitStatus(code=os.WEXITSTATUS(status), signal=None, core_dumped=False), usage
+
+
 def kill_held(child: HeldChild) -> None:
     """SIGKILL a child that may still be at its gate (it never ran user code)."""
     try:
@@ -162,8 +194,8 @@ def kill_held(child: HeldChild) -> None:
         pass
 
 
-def kill_and_reap(children: Iterable[HeldChild | None]) -> None:
-    """SIGKILL and reap each child still there (error paths: none outlives this)."""
+def kill_and_reap(children: Sequence[HeldChild | None]) -> None:
+    """SIGKILL and reap every child not yet reaped (the watcher's error paths)."""
     for child in children:
         if child is None or child.pidfd < 0:
             continue

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpulaunch.model import RankExit, RankProgress, RankSpec, RankState, check_transition
+from gpulaunch.resources.cgroup import cgroup_of
 from gpulaunch.watcher.procs import HeldChild
 
 
@@ -17,10 +19,20 @@ class Rank:
     child: HeldChild | None = None
     pump: HeldChild | None = None  # copies the rank's output to journald and to us
     in_scope: bool = False  # systemd finished moving it (and its pump) into its scope
+    cgroup: Path | None = None  # its scope's cgroup, read when its gate opens (resources/)
     born_at: float = 0.0
     stop_requested: bool = False
+    error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
     journal_missed: bool = False  # its pump could not hand journald every line
+
+    def release(self) -> None:
+        """Open its gates (rank and pump), noting its scope's cgroup first: a zombie's
+        /proc/PID/cgroup no longer names it, and the report reads it at the end."""
+        assert self.child is not None and self.pump is not None
+        self.cgroup = cgroup_of(self.child.pid)
+        self.pump.release()
+        self.child.release()
 
     def advance(self, new: RankState) -> None:
         check_transition(self.state, new)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sdbox import Box, HostSystemd, host_systemd_running
-from tests.integration.jobs import Job, new_job
+from tests.integration.jobs import SHARED, SHARED_ROOT, Job, new_job
 
 REPO = Path(__file__).resolve().parents[2]
 BOX_TIMES = pytest.StashKey[dict[str, float]]()
@@ -17,8 +17,8 @@ BOX_TIMES = pytest.StashKey[dict[str, float]]()
 
 def box_files() -> dict[str, str]:
     """What setup installs into /etc for gpulaunch, written into a box before it boots."""
-    # gpulaunch's D-Bus policy, as scripts/setup.sh installs it (tests must not need setup).
-    policy = (REPO / "packaging" / "dbus" / "io.gpulaunch.conf").read_text()
+    # gpulaunch's D-Bus policy, as gpulaunch setup installs it (tests must not need setup).
+    policy = (REPO / "gpulaunch" / "data" / "dbus" / "io.gpulaunch.conf").read_text()
     return {"etc/dbus-1/system.d/io.gpulaunch.conf": policy}
 
 
@@ -32,12 +32,23 @@ def box(request: pytest.FixtureRequest) -> Iterator[Box | HostSystemd]:
         yield HostSystemd()
         return
     times = request.config.stash.setdefault(BOX_TIMES, {})
-    # gpulaunch's D-Bus policy, as scripts/setup.sh installs it (tests must not need setup).
+    # gpulaunch's D-Bus policy, as gpulaunch setup installs it (tests must not need setup).
     booted = Box(binds=[REPO], files=box_files())
     with booted:
         times["boot"] = booted.boot_seconds
         yield booted
     times["teardown"] = booted.teardown_seconds
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_dir() -> Iterator[None]:
+    """The session's directory for pid files and outputs, gone when the session ends."""
+    yield
+    shutil.rmtree(SHARED, ignore_errors=True)
+    try:
+        SHARED_ROOT.rmdir()  # unless another session in this checkout still uses it
+    except OSError:
+        pass
 
 
 def pytest_terminal_summary(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -17,8 +18,10 @@ from gpulaunch.units.names import UnitNames
 REPO = Path(__file__).resolve().parents[2]
 GPULAUNCH = str(Path(sys.executable).with_name("gpulaunch"))
 RANK_SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "rank.py")
-# A directory visible at the same path on the host and in the box (the repo is bound into it).
-SHARED = REPO / ".it-tmp"
+# A directory visible at the same path on the host and in the box (the repo is bound into it),
+# one per test session; conftest.py removes it at the end of the session.
+SHARED_ROOT = REPO / ".it-tmp"
+SHARED = SHARED_ROOT / f"session-{os.getpid()}"
 
 
 @dataclass

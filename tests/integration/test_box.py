@@ -65,6 +65,14 @@ def test_systemd_is_running_with_no_failed_units(box: Box | HostSystemd) -> None
     assert lines(box, ["systemctl", "--failed", "--no-legend", "--plain"]) == []
 
 
+def test_the_boxs_hostname_resolves(box: Box | HostSystemd) -> None:
+    """As on every real host: torch gives a node's FQDN to its ranks, Gloo resolves it."""
+    name = box.run(["hostname"], capture_output=True).stdout.strip()
+    res = box.run(["getent", "hosts", name], capture_output=True)
+    assert res.returncode == 0 and name in res.stdout, res
+    assert box.run(["getent", "hosts", "localhost"], capture_output=True).returncode == 0
+
+
 def test_systemd_run_runs_a_command_as_a_unit(box: Box | HostSystemd) -> None:
     unit = f"sdbox-test-{token()}.service"
     out = lines(

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ from tests.integration.jobs import GPULAUNCH, REPO, Job
 pytestmark = pytest.mark.integration
 
 TALK = str(REPO / "tests" / "integration" / "scripts" / "talk.py")
-DROP_IN = (REPO / "packaging" / "journald" / "60-gpulaunch.conf").read_text()
+DROP_IN = (REPO / "gpulaunch" / "data" / "journald" / "60-gpulaunch.conf").read_text()
 
 
 def journal(job: Job, unit: str, *fields: str) -> list[dict[str, Any]]:
@@ -251,7 +254,7 @@ def test_volume_without_drop_in_reports_drops(job: Job) -> None:
     for n, rank, written in dropped:
         assert int(written) == LINES
         assert journal_count(job, job.names.rank_scope(int(rank))) == LINES - int(n)
-    assert "60-gpulaunch.conf" in res.stderr
+    assert "gpulaunch setup --journald" in res.stderr
 
 
 def test_volume_with_drop_in_keeps_everything(drop_in_job: Job) -> None:
@@ -261,3 +264,83 @@ def test_volume_with_drop_in_keeps_everything(drop_in_job: Job) -> None:
     job.box.run(["journalctl", "--sync"], check=True)
     for rank in range(4):
         assert journal_count(job, job.names.rank_scope(rank)) == LINES
+
+
+def test_logs_lines_counts_rank_lines_only(job: Job) -> None:
+    res = job.run("--nproc", "2", script=TALK, script_args=["--lines", "3", "--stderr", "1"])
+    assert res.returncode == 0, res.stderr
+    # systemd's own lines about the units ("Started ...", "Deactivated ...") are not counted
+    five = job.box.run([GPULAUNCH, "logs", job.id, "-n", "5"], capture_output=True, text=True)
+    assert five.returncode == 0, five.stderr
+    assert len(five.stdout.splitlines() + five.stderr.splitlines()) == 5
+    two = job.box.run(
+        [GPULAUNCH, "logs", job.id, "--rank", "0", "-n", "2"], capture_output=True, text=True
+    )
+    assert two.returncode == 0, two.stderr
+    assert len(two.stdout.splitlines() + two.stderr.splitlines()) == 2
+    assert all(line.startswith("[0] ") for line in two.stdout.splitlines())
+
+
+def test_logs_follow_of_a_finished_job_shows_it_whole_and_its_status(job: Job) -> None:
+    res = job.run("--nproc", "2", script=TALK, script_args=["--lines", "12", "--crash"])
+    assert res.returncode == 3, res.stderr
+    logs = job.box.run(
+        [GPULAUNCH, "logs", "-f", job.id], capture_output=True, text=True, timeout=60
+    )
+    assert logs.returncode == 3, logs.stderr
+    whole = job.box.run([GPULAUNCH, "logs", job.id], capture_output=True, text=True)
+    assert logs.stdout == whole.stdout  # not the last 10 lines of `journalctl -f`
+    assert len(logs.stdout.splitlines()) >= 12
+    assert f"job {job.id} failed: rank" in logs.stderr  # the report, as `gpulaunch wait` prints it
+
+
+def test_logs_follow_ends_when_the_job_ends(job: Job) -> None:
+    start = job.run("--nproc", "2", "--detach", script_args=["--print", "--sleep", "300"])
+    assert start.returncode == 0, start.stderr
+    follow = job.box.popen(
+        [GPULAUNCH, "logs", "-f", job.id], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert follow.stdout is not None
+        seen = set()
+        for line in follow.stdout:  # live: both ranks have started
+            if " cgroup " in line:
+                seen.add(line.split()[0])
+            if seen == {"[0]", "[1]"}:
+                break
+        assert follow.poll() is None  # it follows: the job runs
+        stop = job.box.run([GPULAUNCH, "stop", job.id], capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        _, err = follow.communicate(timeout=60)
+    finally:
+        if follow.poll() is None:
+            os.kill(job.box.inner_pid(follow), signal.SIGKILL)
+            follow.communicate()
+    assert follow.returncode == 143, err
+    assert f"job {job.id} stopped by SIGTERM (status 143)" in err
+
+
+def test_log_pumps_are_named_for_what_they_are(job: Job) -> None:
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300"])
+    try:
+        job.wait_file("rank1.ready")
+        for rank in range(2):
+            unit = job.names.rank_scope(rank)
+            status = job.box.run(
+                ["systemctl", "status", "--no-pager", "-l", unit], capture_output=True, text=True
+            ).stdout
+            assert f"gpulaunch: log pump, rank {rank}" in status, status
+            assert "gpulaunch start" not in status, status  # no second launcher in sight
+            cgroup = job.box.run(
+                ["systemctl", "show", "-P", "ControlGroup", unit], capture_output=True, text=True
+            ).stdout.strip()
+            pids = job.box.run(
+                ["cat", f"/sys/fs/cgroup{cgroup}/cgroup.procs"], capture_output=True, text=True
+            ).stdout.split()
+            comms = job.box.run(
+                ["ps", "-o", "comm=", "-p", ",".join(pids)], capture_output=True, text=True
+            ).stdout.split()
+            assert f"glpump-rank{rank}" in comms, comms
+    finally:
+        os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+        proc.communicate(timeout=60)

@@ -406,6 +406,30 @@ def test_rendezvous_that_never_completes_fails_in_one_line(mjob: MultiJob) -> No
     assert mjob.leftovers(0) == []
 
 
+def test_unresolvable_hostname_fails_at_once_naming_local_addr(mjob: MultiJob) -> None:
+    """Single-node c10d where this host's own name does not resolve: torch would hand it
+    to the ranks (MASTER_ADDR), which would wait in silence; gpulaunch says what to do."""
+    opts = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{mjob.port}"]
+    argv = mjob.argv(0, opts, [])
+    at = argv.index("--local-addr")
+    del argv[at : at + 2]  # the helper gives one; this test is about its absence
+    renamed = ["unshare", "--uts", "sh", "-c", 'hostname no-such-host-gl19 && exec "$@"', "sh"]
+    res = mjob.boxes[0].run([*renamed, *argv], cwd=str(REPO), capture_output=True, timeout=120)
+    assert res.returncode == 68, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "'no-such-host-gl19' does not resolve" in errors[0], res.stderr
+    assert "--local-addr" in errors[0]
+    assert mjob.leftovers(0) == []
+    # with --local-addr it runs
+    res = mjob.boxes[0].run(
+        [*renamed, *argv[:at], "--local-addr", "127.0.0.1", *argv[at:]],
+        cwd=str(REPO),
+        capture_output=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+
+
 def test_interrupt_while_waiting_for_the_other_nodes(mjob: MultiJob) -> None:
     opts: Any = mjob.static(1, nnodes=2)
     proc = mjob.start([opts])[0]

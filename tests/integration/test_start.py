@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, wait_until
+from gpulaunch.units.names import UnitNames
+from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, REPO, Job, assert_clean, wait_until
 
 pytestmark = pytest.mark.integration
+
+RANK = RANK_SCRIPT
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def test_all_ranks_succeed(job: Job) -> None:
@@ -192,9 +199,10 @@ def test_second_job_with_the_same_name_is_refused(job: Job) -> None:
     proc = job.popen("--nproc", "1", script_args=["--sleep", "300"])
     try:
         job.wait_file("rank0.ready")
-        res = job.run("--nproc", "1")
+        # two ranks: the OMP_NUM_THREADS warning would apply, but a refused start warns of nothing
+        res = job.run("--nproc", "2")
         assert res.returncode == 73
-        assert res.stderr.count("\n") == 1 and "already running" in res.stderr
+        assert res.stderr.count("\n") == 1 and "already running" in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
     finally:
         os.kill(job.box.inner_pid(proc), signal.SIGTERM)
@@ -219,13 +227,23 @@ def test_second_job_with_the_same_name_is_refused(job: Job) -> None:
         (["start", "--bogus", "x.py"], 2, "unrecognized arguments: --bogus"),
         (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
         (["start", "--job", "a\nb", "tests/integration/scripts/rank.py"], 2, "control characters"),
+        # issue 13 item 10: each of these failed later, with 78 or 70, or was ignored
+        (["start", "--job", "{job}", "--grace", "nan", RANK], 2, "--grace must be between 0"),
+        (["start", "--job", "{job}", "--grace", "1e308", RANK], 2, "--grace must be between 0"),
+        (["start", "--job", "{job}", "--log-dir", "/etc/passwd", RANK], 2, "not a directory"),
+        (["start", "--job", "{job}", "--log-dir", "/etc/passwd/x", RANK], 2, "not a directory"),
+        (["start", "--job", "{job}", "--log-dir", "/proc/1/x", RANK], 2, "cannot create"),
+        (["start", "--job", "{job}", "--units-dir", "/nonexistent", RANK], 2, "does not exist"),
+        (["start", "--job", "{job}\udcff", RANK], 2, "the job id is not valid UTF-8"),
     ],
 )
 def test_bad_input(box: object, job: Job, argv: list[str], code: int, message: str) -> None:
+    argv = [a.replace("{job}", job.id) for a in argv]
     res = job.box.run([GPULAUNCH, *argv], cwd=str(REPO), capture_output=True, text=True)
-    assert res.returncode == code
+    assert res.returncode == code, res.stderr
     assert res.stderr.startswith("gpulaunch: error: ") and message in res.stderr
     assert res.stderr.count("\n") == 1, res.stderr
+    assert not job.units() and not list(job.dir.iterdir())  # nothing started
     assert not any(
         u
         for u in job.box.run(
@@ -237,13 +255,69 @@ def test_bad_input(box: object, job: Job, argv: list[str], code: int, message: s
     )
 
 
+def test_log_dir_the_user_cannot_create(job: Job) -> None:
+    locked = job.dir / "locked"
+    locked.mkdir(mode=0o555)
+    os.chmod(job.dir, 0o777)
+    res = job.box.run(
+        [*NOBODY, *job.argv("--nproc", "1", "--log-dir", str(locked / "logs"))],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and f"cannot create {locked}/logs in {locked}" in res.stderr
+    assert list(locked.iterdir()) == [] and not job.units()
+
+
+def test_ids_that_spelled_each_others_unit_names_run_side_by_side(job: Job) -> None:
+    # issue 13 item 11: a long id was named <head>_<16 hex>, and a 227-character id could
+    # spell exactly that: the second job was refused (73) and `logs` showed the other's lines.
+    long_id = job.id.replace("-", "_") + "L" * 300
+    long_id = long_id[:300]
+    spelled = long_id[:210] + "_" + hashlib.sha256(long_id.encode()).hexdigest()[:16]
+    a_dir, b_dir = job.dir / "a", job.dir / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+
+    def argv(job_id: str, d: Path, *script_args: str) -> list[str]:
+        return [GPULAUNCH, "start", "--job", job_id, "--nproc", "1", RANK, "--dir", str(d),
+                *script_args]  # fmt: skip
+
+    a = job.box.popen(
+        argv(long_id, a_dir, "--sleep", "300", "--print"),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: (a_dir / "rank0.ready").exists(), 60, "job a's rank")
+        b = job.box.run(
+            argv(spelled, b_dir, "--print"), cwd=str(REPO), capture_output=True, text=True
+        )
+        assert b.returncode == 0, b.stderr
+        b_names, a_names = UnitNames.for_job(spelled), UnitNames.for_job(long_id)
+        assert b_names.job_slice != a_names.job_slice
+        assert f"cgroup 0::/gpulaunch.slice/{b_names.job_slice}/" in b.stdout
+        for job_id, mine, other in ((spelled, b_names, a_names), (long_id, a_names, b_names)):
+            logs = job.box.run([GPULAUNCH, "logs", job_id], capture_output=True, text=True)
+            assert logs.returncode == 0, logs.stderr
+            assert f"/{mine.job_slice}/" in logs.stdout and other.job_slice not in logs.stdout
+    finally:
+        os.kill(job.box.inner_pid(a), signal.SIGTERM)
+        a.communicate(timeout=60)
+    assert a.returncode == 143
+
+
 def test_no_systemd_reachable(job: Job) -> None:
     env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent/bus")
     res = job.box.run(
         job.argv("--nproc", "2", "--system"), cwd=str(REPO), capture_output=True, text=True, env=env
     )
     assert res.returncode == 69, res.stderr
-    assert "cannot reach the systemd system manager" in res.stderr and "sdbox" in res.stderr
+    assert "cannot reach the systemd system manager" in res.stderr
+    assert "needs a running systemd" in res.stderr
     assert "Traceback" not in res.stderr
     assert not job.pids()  # no rank was started
     assert_clean(job)
@@ -325,13 +399,24 @@ def as_user(uid: int, env: dict[str, str], argv: list[str]) -> list[str]:
 def test_user_manager_for_ordinary_users(box_user: tuple[int, dict[str, str]], job: Job) -> None:
     uid, env = box_user
     os.chmod(job.dir, 0o777)
+    # From inside the user manager's own tree (a scope of it): no front end needed, the
+    # watcher adopts itself (tests/integration/test_frontend.py: from a login shell).
+    inside = ["systemd-run", "--user", "--scope", "--quiet"]
     res = job.box.run(
-        as_user(uid, env, job.argv("--nproc", "2", script_args=["--print"])),
+        as_user(uid, env, [*inside, *job.argv("--nproc", "2", script_args=["--print"])]),
         cwd=str(REPO),
         capture_output=True,
         text=True,
     )
     assert res.returncode == 0, res.stderr
+    assert (
+        "--frontend-child"
+        not in job.box.run(
+            ["journalctl", f"_SYSTEMD_USER_UNIT=gpulaunch-{job.names.component}-launch.service"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     user_slice = f"0::/user.slice/user-{uid}.slice/user@{uid}.service/gpulaunch.slice/"
     assert f"rank 1 cgroup {user_slice}{job.names.job_slice}/{job.names.ranks_slice}/" in res.stdout
     leftover = job.box.run(

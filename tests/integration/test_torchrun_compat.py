@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.jobapi.record import MESSAGE_ID
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean
 
 pytestmark = pytest.mark.integration
@@ -154,7 +155,7 @@ def test_max_restarts(job: Job) -> None:
     assert seen <= {"attempt0-rank0", "attempt0-rank1", "attempt1-rank0", "attempt1-rank1"}
     assert (job.dir / "attempt1-rank0").read_text() == "2"  # TORCHELASTIC_MAX_RESTARTS
     assert "restarting all ranks (restart 1 of 2)" in res.stderr
-    assert "restarted 1 time(s)" in res.stderr
+    assert "restarted 1 time (--max-restarts)" in res.stderr
 
 
 def test_record_traceback_in_the_report(job: Job) -> None:
@@ -179,6 +180,48 @@ def test_stderr_tail_in_the_report_without_record(job: Job) -> None:
     assert res.returncode == 5
     # rank.py prints nothing to stderr: the report says nothing rather than inventing an error
     assert "rank 1's error" not in res.stderr
+
+
+def test_a_huge_stderr_line_is_bounded_in_report_record_and_status(job: Job) -> None:
+    # issue 13 item 12: 20 MiB without a newline gave a 1 MB report, record and status
+    spew = 20 << 20
+    res = job.run(
+        "--nproc",
+        "2",
+        "--quiet",
+        script=str(SCRIPTS / "rank.py"),
+        script_args=["--sleep", "60", "--exit", "1:5", "--spew", str(spew)],
+    )
+    assert res.returncode == 5, res.stderr[-2000:]
+    report = res.stderr[res.stderr.index("rank 1's error") :]
+    cut = f"[... {spew - 512} bytes cut ...]"
+    assert cut in report and len(report) < 10_000, len(report)
+    record = job.box.run(
+        [
+            "journalctl",
+            "-o",
+            "json",
+            "--all",
+            f"MESSAGE_ID={MESSAGE_ID}",
+            f"GPULAUNCH_JOB={job.id}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (entry,) = [json.loads(line) for line in record.splitlines()]
+    error = entry["GPULAUNCH_CAUSE_ERROR"]
+    assert cut in error and len(error) < 10_000, len(error)
+    assert len(entry["MESSAGE"]) < 12_000
+    status = job.box.run(
+        [GPULAUNCH, "status", job.id], cwd=str(REPO), capture_output=True, text=True
+    )
+    assert status.returncode == 0, status.stderr
+    assert cut in status.stdout and len(status.stdout) < 12_000, len(status.stdout)
+    as_json = job.box.run(
+        [GPULAUNCH, "status", "--json", job.id], cwd=str(REPO), capture_output=True, text=True
+    ).stdout
+    assert len(as_json) < 16_000
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.watcher.detach import Detached, _tail_overlap
+from gpulaunch.watcher.detach import Detached, tail_overlap
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 
@@ -175,6 +175,30 @@ def test_record_of_a_success_omits_the_cause_rank() -> None:
     assert "GPULAUNCH_CAUSE_RANK" not in entry and entry["PRIORITY"] == "6"
 
 
+@pytest.mark.parametrize(
+    ("cause", "status", "state"),
+    [
+        (Cause.SUCCEEDED, 0, JobState.SUCCEEDED),
+        (Cause.RANK_FAILED, 7, JobState.FAILED),
+        (Cause.START_FAILED, 71, JobState.FAILED),
+        (Cause.NODE_FAILED, 75, JobState.FAILED),
+        (Cause.INTERRUPTED, 143, JobState.STOPPED),  # gpulaunch stop
+        (Cause.INTERRUPTED, 130, JobState.STOPPED),  # Ctrl-C
+    ],
+)
+def test_one_word_for_how_a_job_ended(cause: Cause, status: int, state: JobState) -> None:
+    assert JobState.of_cause(cause, status) is state and state.ended
+
+
+def test_a_stopped_jobs_record_says_stopped_even_if_written_as_failed() -> None:
+    stopped = view(state=JobState.STOPPED, status=143, cause="interrupted", cause_rank=-1)
+    entry = decode(record.encode(record.fields(stopped, "stopped")))
+    assert (entry["GPULAUNCH_STATE"], entry["PRIORITY"]) == ("stopped", "5")
+    entry.update({"_UID": "0", "GPULAUNCH_STATE": "failed"})  # as records before said
+    assert record.parse(entry).state is JobState.STOPPED
+    assert record.parse(entry).to_json()["state"] == "stopped"
+
+
 def test_parse_rejects_other_entries() -> None:
     with pytest.raises(ValueError):
         record.parse({"MESSAGE_ID": "00"})
@@ -283,8 +307,8 @@ def test_detach_passes_on_a_failed_start(capfd: pytest.CaptureFixture[str]) -> N
 
 def test_marker_split_across_reads_is_held_back() -> None:
     marker = b"\0gpulaunch-started\n"
-    assert _tail_overlap(b"text\0gpulaunch-st", marker) == len(b"\0gpulaunch-st")
-    assert _tail_overlap(b"text", marker) == 0
+    assert tail_overlap(b"text\0gpulaunch-st", marker) == len(b"\0gpulaunch-st")
+    assert tail_overlap(b"text", marker) == 0
 
 
 def test_records_without_journalctl_is_the_machines_problem(
@@ -295,3 +319,18 @@ def test_records_without_journalctl_is_the_machines_problem(
     with pytest.raises(UnavailableError, match="journalctl not found") as exc:
         record.query(["MESSAGE_ID=x"], 1)
     assert exc.value.exit_code == 69
+
+
+def test_json_says_null_for_what_a_running_rank_does_not_have_yet() -> None:
+    running = RankView(0, 0, "gpulaunch-j-rank0.scope", 10, "running", -1, 0, False, -1, 0.0)
+    pending = RankView(1, 1, "gpulaunch-j-rank1.scope", 0, "pending", -1, 0, False, -1, 0.0)
+    killed = RankView(2, 2, "gpulaunch-j-rank2.scope", 12, "stopped", -1, 9, True, 137, 1.5)
+    as_json = view(ranks=(running, pending, killed), state=JobState.RUNNING).to_json()["ranks"]
+    assert [
+        (r["pid"], r["exit_code"], r["signal"], r["status"], r["runtime"]) for r in as_json
+    ] == [
+        (10, None, None, None, None),
+        (None, None, None, None, None),
+        (12, None, 9, 137, 1.5),
+    ]
+    assert [RankView.from_json(r) for r in as_json] == [running, pending, killed]

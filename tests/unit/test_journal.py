@@ -27,7 +27,7 @@ def test_rate_limit_default_and_overrides(tmp_path: Path) -> None:
 
 
 def test_the_packaged_drop_in_lifts_the_limit(tmp_path: Path) -> None:
-    drop_in = Path(__file__).parents[2] / "packaging/journald/60-gpulaunch.conf"
+    drop_in = Path(__file__).parents[2] / "gpulaunch/data/journald/60-gpulaunch.conf"
     conf(tmp_path, "etc/systemd/journald.conf.d/60-gpulaunch.conf", drop_in.read_text())
     burst = rate_limit_burst(tmp_path)
     assert burst is not None and burst >= 10_000_000
@@ -71,3 +71,11 @@ def test_parse_entries_skips_systemd_messages_and_decodes_binary() -> None:
         (1, False, b"hi"),
         (12, True, b"\xff\n"),
     ]
+
+
+def test_logs_command_counts_rank_lines_and_shows_all_by_default() -> None:
+    argv = logs_command(Manager.SYSTEM, "j", follow=True)
+    assert argv[-1] == "_TRANSPORT=stdout"  # the ranks' streams, not systemd's messages
+    assert "--lines=all" in argv  # journalctl --follow alone would show the last 10
+    after = logs_command(Manager.SYSTEM, "j", lines=5, after_cursor="s=abc")
+    assert "--after-cursor=s=abc" in after and not any(a.startswith("--lines") for a in after)

@@ -41,6 +41,7 @@ def test_the_flat_package_holds_only_what_the_whole_program_shares() -> None:
         "errors.py",
         "model.py",
         "numberlist.py",
+        "options.py",
         "report.py",
         "start.py",
     ]

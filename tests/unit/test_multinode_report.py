@@ -248,7 +248,7 @@ def test_no_nodes_line_for_one_node() -> None:
     text = format_report(
         report(status=0, cause=Cause.SUCCEEDED, ranks=ranks, layout=None, node_failure=None)
     )
-    assert text.splitlines()[0] == "gpulaunch: job j succeeded (all 1 ranks exited 0)"
+    assert text.splitlines()[0] == "gpulaunch: job j succeeded (its rank exited 0)"
     assert "node" not in text
 
 
@@ -313,7 +313,7 @@ def test_properties_of_a_multi_node_job() -> None:
         view(
             state=JobState.RUNNING, status=-1, cause="", cause_node=-1, cause_host="", cause_what=""
         ),
-        view(state=JobState.FAILED, status=130, cause="interrupted", node_rank=2),
+        view(state=JobState.STOPPED, status=130, cause="interrupted", node_rank=2),
         view(**SINGLE, world_size=2),  # type: ignore[arg-type]
     ],
 )
@@ -409,7 +409,7 @@ def entry(v: JobView) -> dict[str, str]:
     [
         view(),
         view(cause_node=-1, cause_host="hostA:29500", cause_what="the job's store went away"),
-        view(status=130, cause="interrupted", node_rank=2),
+        view(state=JobState.STOPPED, status=130, cause="interrupted", node_rank=2),
         view(
             state=JobState.SUCCEEDED,
             status=0,

@@ -167,6 +167,8 @@ def test_elastic_ranges_hint_at_a_fixed_count() -> None:
         # IPv6: in brackets, with or without a port
         ("[::1]:29401", ("::1", 29401)),
         ("[::1]", ("::1", 29400)),
+        ("localhost:0", ("localhost", 0)),  # torchrun's "a free port"
+        ("[::1]:0", ("::1", 0)),
     ],
 )
 def test_split_endpoint(text: str, expected: tuple[str, int]) -> None:
@@ -179,14 +181,12 @@ def test_split_endpoint(text: str, expected: tuple[str, int]) -> None:
         "",
         ":29400",
         "node0:http",
-        "node0:0",
         "node0:65536",
         "node0:-1",
         # IPv6
         "[]:29400",
         "[]",
         "[::1]:http",
-        "[::1]:0",
         "[::1]:70000",
         "[::1]x",
     ],
@@ -237,6 +237,20 @@ def test_one_node_has_no_node_config(options: dict[str, object]) -> None:
     p = plan(**options)  # type: ignore[arg-type]
     assert p == NodePlan(config=None, default_job=None, master_addr=LOCALHOST, master_port=None)
     assert p.for_job("j", 4) is None
+
+
+@pytest.mark.parametrize("backend", ["c10d", "static"])
+def test_port_0_is_torchruns_single_node_idiom(backend: str) -> None:
+    """torchrun --rdzv-backend c10d --rdzv-endpoint localhost:0: one node, a free port."""
+    for options in ({}, {"nnodes": "1"}):
+        p = plan(rdzv_backend=backend, rdzv_endpoint="localhost:0", **options)  # type: ignore[arg-type]
+        assert p == NodePlan(config=None, default_job=None, master_addr=LOCALHOST, master_port=None)
+
+
+def test_port_0_on_several_nodes_is_refused() -> None:
+    with pytest.raises(UsageError) as info:
+        plan(nnodes="2", rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+    assert "port 0" in info.value.message and info.value.exit_code == 2
 
 
 def test_one_node_keeps_master_addr_and_port() -> None:
@@ -436,7 +450,8 @@ def test_without_rdzv_id_the_run_id_is_the_job() -> None:
         ),
         (
             {"nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "rdv:0"},
-            "--rdzv-endpoint 'rdv:0' is not HOST[:PORT]",
+            "--rdzv-endpoint rdv:0: port 0 (a free port) works only for one node, "
+            "and this job has 2",
         ),
         (
             {"nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": ""},

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
+import select
+import struct
+import termios
 from pathlib import Path
 
 import pytest
@@ -75,8 +80,9 @@ def test_carriage_returns_on_a_terminal_redraw_one_line() -> None:
     o.data(1, Stream.STDOUT, b"a line\n")
     o.data(0, Stream.STDERR, b"\r100%\n")
     screen = err.read()
-    # drawn, redrawn, cleared for the other rank's line, then the final line
-    assert screen.count(b"\r\x1b[2K") == 2
+    # drawn, redrawn, cleared for the other rank's line (and drawn again below it),
+    # cleared for the final line
+    assert screen.count(b"\r\x1b[2K") == 3
     assert screen.endswith(b"100%\n")
     assert b"a line" in out.read()
 
@@ -155,3 +161,82 @@ def test_several_nodes_filter_this_nodes_ranks_counted_from_zero() -> None:
     out = Output(OutputOptions(ranks=frozenset({1})), 2)
     out.place_node(first_rank=2, world_size=4)
     assert out.options.ranks == frozenset({3})
+
+
+class Vt:
+    """Just enough of a terminal to read what a pty shows: text, CR, LF, and the
+    sequences Output uses (erase line, cursor up, colours)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = [""]
+        self.row = 0
+        self.col = 0
+
+    def feed(self, data: bytes) -> None:
+        text = data.decode()
+        i = 0
+        while i < len(text):
+            ch = text[i]
+            if ch == "\x1b":
+                m = re.match(r"\x1b\[([0-9;]*)([A-Za-z])", text[i:])
+                assert m is not None, repr(text[i : i + 10])
+                arg, op = m.groups()
+                if op == "A":
+                    self.row = max(self.row - int(arg or 1), 0)
+                elif op == "K":
+                    assert arg == "2"
+                    self.lines[self.row] = ""
+                else:
+                    assert op == "m"
+                i += m.end()
+                continue
+            if ch == "\r":
+                self.col = 0
+            elif ch == "\n":
+                self.row += 1
+                if self.row == len(self.lines):
+                    self.lines.append("")
+            else:
+                line = self.lines[self.row].ljust(self.col)
+                self.lines[self.row] = line[: self.col] + ch + line[self.col + 1 :]
+                self.col += 1
+            i += 1
+
+    @property
+    def screen(self) -> list[str]:
+        return [line for line in self.lines[: self.row + 1] if line]
+
+
+def test_several_ranks_progress_bars_on_a_pty() -> None:
+    """One line per rank drawing a bar, redrawn in place, other output scrolling above."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    term = Terminal(slave)
+    vt = Vt()
+    o = Output(OutputOptions(), 4, term, term)
+
+    def step(rank: int, stream: Stream, data: bytes) -> list[str]:
+        o.data(rank, stream, data)
+        while True:
+            r, _, _ = select.select([master], [], [], 0)
+            if not r:
+                return vt.screen
+            vt.feed(os.read(master, 65536))
+
+    step(0, Stream.STDERR, b"\rtrain  10%|#")
+    step(1, Stream.STDERR, b"\rtrain  10%|#")
+    step(0, Stream.STDERR, b"\rtrain  20%|##")
+    screen = step(2, Stream.STDOUT, b"epoch 1\n")
+    assert screen == ["[2] epoch 1", "[0] train  20%|##", "[1] train  10%|#"]
+    screen = step(1, Stream.STDERR, b"\rtrain  30%|###" + b"#" * 60)  # wider than the pty
+    assert screen[-1] == ("[1] train  30%|###" + "#" * 60)[:39]
+    screen = step(0, Stream.STDERR, b"\rtrain 100%|##########\n")  # rank 0's bar is done
+    assert screen == [
+        "[2] epoch 1",
+        "[0] train 100%|##########",
+        ("[1] train  30%|###" + "#" * 60)[:39],
+    ]
+    o.eof(1, Stream.STDERR)
+    o.close()
+    os.close(slave)
+    os.close(master)

@@ -93,3 +93,27 @@ def test_render_output_is_what_the_codec_reads(
     assert "DevicePolicy" not in {
         p.name for p in parse_unit(units["gpulaunch-demo-watcher.scope"][1], "scope", "-")
     }
+
+
+def test_job_memory_max_limits_the_job_slice(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--job-memory-max: all ranks and the watcher together, MemoryMax= of the job slice."""
+    out = render(["--job", "j", "--job-memory-max", "40G", "train.py"], capsys)
+    headers = list(HEADER.finditer(out))
+    texts = {
+        m.group(1): out[m.end() : nxt.start() if nxt else len(out)]
+        for m, nxt in zip(headers, [*headers[1:], None], strict=True)
+    }
+    assert "MemoryMax=40G" in texts["gpulaunch-j.slice"]
+    assert [u for u, text in texts.items() if "MemoryMax" in text] == ["gpulaunch-j.slice"]
+
+
+def test_bad_job_memory_max_is_an_option_error(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["render", "--job-memory-max", "lots", "train.py"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpulaunch: error: --job-memory-max lots:") and err.count("\n") == 1

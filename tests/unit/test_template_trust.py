@@ -278,4 +278,5 @@ def test_grace_must_be_finite(
     with pytest.raises(SystemExit) as exit_:
         cli.main(["render", "--grace", grace, "train.py"])
     assert exit_.value.code == 2
-    assert "not a finite number of seconds" in capsys.readouterr().err
+    # A stop that never escalates to SIGKILL would leave ranks behind (units/guarantees.py).
+    assert "--grace must be between 0 and 1000000000 seconds" in capsys.readouterr().err

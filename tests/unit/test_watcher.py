@@ -68,7 +68,7 @@ class FakeSystemd:
         if name not in self.units:
             return None
         for unit, pids in list(self.units.items()):
-            if "-rank" in unit:
+            if unit == name if name.endswith(".scope") else "-rank" in unit:
                 for pid in pids:
                     try:
                         os.kill(pid, signal.SIGTERM)
@@ -334,3 +334,33 @@ def test_cause_rank_error_from_error_file_or_stderr(
     ).run()
     assert report.ranks[0].error == "one\ntwo"
     assert list(tmp_path.joinpath("gpulaunch").iterdir()) == []  # error files cleaned up
+
+
+class SignalDuringStart(FakeSystemd):
+    """Sends SIGTERM to the watcher (through its wakeup fd) when rank `at` is placed."""
+
+    def __init__(self, wakeup: socket.socket, at: int) -> None:
+        super().__init__()
+        self.wakeup, self.at = wakeup, at
+
+    def start_transient(
+        self, name: str, properties: Sequence[Property], pids: Sequence[int] = ()
+    ) -> str:
+        if name.endswith(f"-rank{self.at}.scope"):
+            self.wakeup.send(bytes([signal.SIGTERM]))
+        return super().start_transient(name, properties, pids)
+
+
+def test_sigterm_while_ranks_are_forked_stops_forking(
+    wakeup: tuple[int, socket.socket], tmp_path: Path
+) -> None:
+    """A big job is not forked to its end before a SIGTERM is heard (issue 13, item 10)."""
+    sd = SignalDuringStart(wakeup[1], at=2)
+    spec, units = make_job([sh("exec sleep 60")] * 40)
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
+    assert (report.status, report.cause) == (143, Cause.INTERRUPTED)
+    started = [name for call, name in sd.calls if call == "start" and name.endswith(".scope")]
+    started = [name for name in started if "-rank" in name and "-ranks" not in name]
+    assert len(started) == 3, started
+    assert sum(r.pid is not None for r in report.ranks) == 3
+    assert no_children_left()

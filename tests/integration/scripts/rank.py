@@ -30,6 +30,8 @@ def main() -> None:
     p.add_argument("--grandchild", action="store_true", help="start a plain child: sleep")
     p.add_argument("--daemon", action="store_true", help="start a double-forked setsid daemon")
     p.add_argument("--print", action="store_true", help="print env and cgroup")
+    p.add_argument("--spew", type=int, default=0, help="failing ranks: bytes to stderr, no newline")
+    p.add_argument("--nofile", action="store_true", help="print RLIMIT_NOFILE: rank N soft hard")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
 
@@ -56,6 +58,11 @@ def main() -> None:
         with open("/proc/self/cgroup") as f:
             cgroup = f.read().strip().splitlines()[-1]
         print(f"rank {rank} cgroup {cgroup}", flush=True)
+    if args.nofile:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        print(f"rank {rank} nofile {soft} {hard}", flush=True)
     open(os.path.join(args.dir, f"rank{rank}.ready"), "w").close()
     if rank in args.exit or rank in args.kill:
         time.sleep(args.fail_after)
@@ -63,6 +70,9 @@ def main() -> None:
             os.kill(os.getpid(), args.kill[rank])
         with open(os.path.join(args.dir, f"rank{rank}.failed"), "w") as f:
             f.write(repr(time.time()))
+        for start in range(0, args.spew, 1 << 20):
+            sys.stderr.write("y" * min(1 << 20, args.spew - start))
+        sys.stderr.flush()
         sys.exit(args.exit[rank])
     time.sleep(args.sleep)
 

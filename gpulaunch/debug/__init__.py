@@ -1,0 +1,1 @@
+"""Seeing inside a running job: the ranks' stacks (py-spy) and the hang detector."""

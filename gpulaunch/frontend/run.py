@@ -1,0 +1,306 @@
+"""The front end: start the watcher as a service of the user manager, relay, exit as it did.
+
+One asyncio loop on the user bus (dbus_fast): it creates the service
+(`unit.py`) with this process's stdin, stdout and stderr, takes the bus name
+that ties the service's life to ours once the service is starting, relays
+SIGINT/SIGTERM/SIGHUP to the watcher (`KillUnit` on its main process: the
+watcher's own rules apply, first = graceful stop, second = kill), and when the
+service has ended reads the watcher's exit status and returns it. The live
+output never passes through here: the watcher writes to our fds itself.
+
+`--detach`: the service's stderr is a pipe to us until the job's units exist
+(watcher/detach.py's protocol); then we print the job id and return 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from dbus_fast import Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+from dbus_fast.constants import NameFlag, RequestNameReply
+from dbus_fast.errors import AuthError, InvalidAddressError
+
+from gpulaunch.errors import AccessDeniedError, JobExistsError, NoSystemdError, SystemdError
+from gpulaunch.frontend.unit import (
+    RELAYED,
+    RLIMITS,
+    environment,
+    exit_status,
+    frontend_bus_name,
+    service_name,
+    service_properties,
+    unit_object_path,
+    watcher_argv,
+)
+from gpulaunch.frontend.userbus import LINGER_HINT
+from gpulaunch.model import JobSpec
+from gpulaunch.watcher.detach import STARTED, tail_overlap
+
+_SYSTEMD = "org.freedesktop.systemd1"
+_MANAGER_PATH = "/org/freedesktop/systemd1"
+_MANAGER = "org.freedesktop.systemd1.Manager"
+_UNIT = "org.freedesktop.systemd1.Unit"
+_SERVICE = "org.freedesktop.systemd1.Service"
+_PROPERTIES = "org.freedesktop.DBus.Properties"
+_CONNECT_TIMEOUT = 5.0
+_ENDED = ("inactive", "failed")
+
+
+def run_frontend(spec: JobSpec, argv: Sequence[str], address: str, detach: bool) -> int:
+    """Run the job through a watcher service of the user manager; returns the job's status."""
+    return asyncio.run(_FrontEnd(spec, argv, address, detach).run())
+
+
+class _FrontEnd:
+    def __init__(self, spec: JobSpec, argv: Sequence[str], address: str, detach: bool) -> None:
+        self.spec = spec
+        self.service = service_name(spec.names)
+        self.path = unit_object_path(self.service)
+        self.address = address
+        self.detach = detach
+        self.argv = watcher_argv(sys.executable, argv, spec.job)
+        self.name = None if detach else frontend_bus_name(os.getpid())
+        self.bus: MessageBus | None = None
+        self.started = False  # StartTransientUnit succeeded
+        self.claimed = False  # we own self.name: the service's life is tied to ours
+        self.pending: list[int] = []  # signals that came before the service existed
+        self.changed = asyncio.Event()
+        self.state: dict[str, str] = {}
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in RELAYED:
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        self.bus = await self._connect()
+        try:
+            await self._watch_unit()
+            if self.detach:
+                return await self._run_detached()
+            await self._start((0, 1, 2))
+            return await self._until_ended()
+        except _Interrupted as exc:
+            return 128 + exc.signum  # before anything was created
+        finally:
+            self.bus.disconnect()  # drops AddRef: systemd collects the ended service
+
+    async def _connect(self) -> MessageBus:
+        try:
+            bus = MessageBus(bus_address=self.address, negotiate_unix_fd=True)
+            return await asyncio.wait_for(bus.connect(), _CONNECT_TIMEOUT)
+        except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise NoSystemdError(
+                f"cannot reach your systemd user manager's bus at {self.address} ({reason})",
+                LINGER_HINT.format(uid=os.getuid()),
+            ) from None
+
+    async def _call(self, msg: Message, what: str) -> Any:
+        assert self.bus is not None
+        reply = await self.bus.call(msg)
+        assert reply is not None
+        if reply.message_type is MessageType.ERROR:
+            text = reply.body[0] if reply.body else reply.error_name
+            if reply.error_name == "org.freedesktop.systemd1.UnitExists":
+                raise JobExistsError(f"job {self.spec.job} is already running ({text})", None)
+            if reply.error_name in (
+                "org.freedesktop.DBus.Error.AccessDenied",
+                "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired",
+            ):
+                raise AccessDeniedError(f"your user manager refused to {what}: {text}")
+            if reply.error_name in (
+                "org.freedesktop.DBus.Error.ServiceUnknown",
+                "org.freedesktop.DBus.Error.NameHasNoOwner",
+            ):
+                raise NoSystemdError(
+                    f"cannot reach your systemd user manager ({text})",
+                    LINGER_HINT.format(uid=os.getuid()),
+                )
+            raise SystemdError(f"your user manager could not {what}: {text}")
+        return reply.body
+
+    def _manager_call(self, member: str, signature: str, body: list[Any], **kw: Any) -> Message:
+        return Message(
+            destination=_SYSTEMD,
+            path=_MANAGER_PATH,
+            interface=_MANAGER,
+            member=member,
+            signature=signature,
+            body=body,
+            **kw,
+        )
+
+    async def _watch_unit(self) -> None:
+        """PropertiesChanged of the service, from before it exists (nothing is missed)."""
+        assert self.bus is not None
+        rule = (
+            f"type='signal',sender='{_SYSTEMD}',path='{self.path}',"
+            f"interface='{_PROPERTIES}',member='PropertiesChanged'"
+        )
+        await self._call(
+            Message(
+                destination="org.freedesktop.DBus",
+                path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus",
+                member="AddMatch",
+                signature="s",
+                body=[rule],
+            ),
+            "watch the job",
+        )
+        self.bus.add_message_handler(self._on_message)
+        await self._call(self._manager_call("Subscribe", "", []), "watch the job")
+
+    def _on_message(self, msg: Message) -> None:
+        if (
+            msg.message_type is MessageType.SIGNAL
+            and msg.path == self.path
+            and msg.member == "PropertiesChanged"
+            and msg.body
+            and msg.body[0] == _UNIT
+        ):
+            for key in ("ActiveState", "SubState"):
+                if key in msg.body[1]:
+                    self.state[key] = msg.body[1][key].value
+            self.changed.set()
+
+    def _on_signal(self, signum: int) -> None:
+        if not self.started:
+            self.pending.append(signum)
+            return
+        asyncio.get_running_loop().create_task(self._relay(signum))
+
+    async def _relay(self, signum: int) -> None:
+        # "main": the watcher itself; it stops the ranks by its own rules.
+        msg = self._manager_call("KillUnit", "ssi", [self.service, "main", signum])
+        try:
+            await self._call(msg, f"pass {signal.Signals(signum).name} to the watcher")
+        except SystemdError:
+            pass  # the watcher has already ended: its status is on its way
+
+    async def _start(self, fds: tuple[int, int, int]) -> None:
+        env, dropped = environment(os.environ)
+        if dropped:
+            print(
+                f"gpulaunch: warning: systemd takes no environment variable named like "
+                f"{', '.join(dropped)} (or with such a value): the ranks will not see it",
+                file=sys.stderr,
+            )
+        props = service_properties(
+            names=self.spec.names,
+            argv=self.argv,
+            cwd=os.getcwd(),
+            env=env,
+            grace_sec=self.spec.grace_sec,
+            frontend_name=self.name,
+            limits={
+                name: resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))
+                for name in RLIMITS
+                if hasattr(resource, f"RLIMIT_{name}")
+            },
+        )
+        body = [self.service, "fail", [[p.name, Variant(p.signature, p.value)] for p in props], []]
+        msg = self._manager_call("StartTransientUnit", "ssa(sv)a(sa(sv))", body, unix_fds=list(fds))
+        if self.pending:  # interrupted before anything was created: create nothing
+            raise _Interrupted(self.pending[0])
+        await self._call(msg, f"create {self.service}")
+        self.started = True
+        for signum in self.pending:
+            await self._relay(signum)
+        await self._refresh()
+
+    async def _refresh(self) -> None:
+        props = await self._get_all(_UNIT)
+        for key in ("ActiveState", "SubState"):
+            self.state.setdefault(key, props[key].value)
+        self.changed.set()
+
+    async def _get_all(self, interface: str) -> dict[str, Variant]:
+        body = await self._call(
+            Message(
+                destination=_SYSTEMD,
+                path=self.path,
+                interface=_PROPERTIES,
+                member="GetAll",
+                signature="s",
+                body=[interface],
+            ),
+            f"read {self.service}",
+        )
+        result: dict[str, Variant] = body[0]
+        return result
+
+    async def _claim(self) -> None:
+        """Own the name the service's BusName= names: from now on our end stops it."""
+        assert self.bus is not None and self.name is not None
+        reply = await self.bus.request_name(self.name, NameFlag.DO_NOT_QUEUE)
+        if reply is not RequestNameReply.PRIMARY_OWNER:
+            raise SystemdError(f"could not own {self.name} on your session bus ({reply.name})")
+        self.claimed = True
+
+    async def _ended(self) -> int | None:
+        """The watcher's status if its service has ended, else None."""
+        if self.state.get("ActiveState") not in _ENDED:
+            return None
+        props = await self._get_all(_SERVICE)
+        if not props["ExecMainExitTimestampMonotonic"].value:
+            return None  # not yet started (the start job is queued)
+        status = exit_status(props["ExecMainCode"].value, props["ExecMainStatus"].value)
+        if status is None:
+            raise SystemdError(f"the watcher's service {self.service} ended without running")
+        return status
+
+    async def _until_ended(self) -> int:
+        while True:
+            await self.changed.wait()
+            self.changed.clear()
+            if self.name and not self.claimed and self.state.get("SubState") == "start":
+                await self._claim()
+            status = await self._ended()
+            if status is not None:
+                return status
+
+    async def _run_detached(self) -> int:
+        """Start it with stderr a pipe to us; the job id once its units exist."""
+        read_end, write_end = os.pipe()
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            await self._start((null, null, write_end))
+        finally:
+            os.close(write_end)
+            os.close(null)
+        started = asyncio.get_running_loop().create_future()
+        pending = b""
+
+        def readable() -> None:
+            nonlocal pending
+            chunk = os.read(read_end, 65536)
+            pending += chunk
+            head, marker, _ = pending.partition(STARTED)
+            keep = 0 if marker or not chunk else tail_overlap(head, STARTED)
+            os.write(2, head[: len(head) - keep])
+            pending = head[len(head) - keep :]
+            if (marker or not chunk) and not started.done():
+                started.set_result(bool(marker))
+
+        loop = asyncio.get_running_loop()
+        loop.add_reader(read_end, readable)
+        try:
+            if await started:
+                print(self.spec.job, flush=True)
+                return 0
+        finally:
+            loop.remove_reader(read_end)
+            os.close(read_end)
+        return await self._until_ended()  # the start failed: the watcher's error and status
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum

@@ -1,0 +1,370 @@
+"""The options of `gpulaunch start` and `render` (torchrun's flags among them), and --system/--user.
+
+cli.py defines every subcommand and uses these to build `start` and `render`;
+`start_options` turns their parsed values into `StartOptions` (gpulaunch/plan/spec.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from gpulaunch.errors import UsageError
+from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
+from gpulaunch.model import Manager
+from gpulaunch.multinode.options import NodeOptions
+from gpulaunch.plan.gpus import parse_gpu_list
+from gpulaunch.plan.placement import Resources
+from gpulaunch.plan.spec import Launch, StartOptions
+from gpulaunch.plan.topology import CpuBind
+from gpulaunch.units.templates import units_dir_problem
+
+
+def add_manager_options(p: argparse.ArgumentParser, what: str = "jobs") -> None:
+    """`--system` / `--user`: which systemd manager (and bus) the command is about."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--system",
+        dest="manager",
+        action="store_const",
+        const=Manager.SYSTEM,
+        help=f"{what} of the system manager (system bus; default as root)",
+    )
+    group.add_argument(
+        "--user",
+        dest="manager",
+        action="store_const",
+        const=Manager.USER,
+        help=f"{what} of your user manager (session bus; default for other users)",
+    )
+
+
+def default_manager(asked: Manager | None) -> Manager:
+    """The manager asked for, else root's system manager or a user's own."""
+    if asked is not None:
+        return Manager(asked)
+    return Manager.SYSTEM if os.geteuid() == 0 else Manager.USER
+
+
+def _seconds(text: str) -> float:
+    """A number; plan/spec.py's check_grace says which are too small, too big or not finite."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def _nproc(text: str) -> int | str:
+    if text in ("gpu", "cpu", "auto"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number, gpu, cpu or auto: {text!r}") from None
+
+
+# torchrun options gpulaunch does not take, and what to do instead.
+# tests/unit/test_cli.py checks against torch.distributed.run's own parser that every
+# torchrun option is either taken or here.
+TORCHRUN_ONLY = {
+    ("-t", "--tee"): "every rank's output is shown live anyway: choose ranks with --ranks, "
+    "write files with --log-dir",
+    ("-r", "--redirects"): "rank output always goes to the journal (gpulaunch logs JOB) and "
+    "the terminal; use --quiet or --log-dir",
+    ("--duplicate-stdout-filters", "--duplicate_stdout_filters"): "--log-dir writes every "
+    "rank's output to a file of its own; gpulaunch logs JOB --rank N reads one back",
+    ("--duplicate-stderr-filters", "--duplicate_stderr_filters"): "--log-dir writes every "
+    "rank's output to a file of its own; gpulaunch logs JOB --rank N reads one back",
+    ("--event-log-handler", "--event_log_handler"): "gpulaunch's events are on D-Bus and its "
+    "record in the journal (docs/dbus.md)",
+    ("--virtual-local-rank", "--virtual_local_rank"): "use --gpu-isolation: each rank sees "
+    "only its own GPU, as cuda:0",
+    ("--monitor-interval", "--monitor_interval"): "gpulaunch has no polling interval: it "
+    "sees every exit at once",
+    ("--start-method", "--start_method"): "ranks are always forked and exec'd, each in "
+    "its own systemd scope",
+    ("--role",): "roles are not supported; ROLE_NAME is 'default'",
+    ("--logs-specs", "--logs_specs"): "use --log-dir",
+    ("--numa-binding", "--numa_binding"): "use --cpu-bind numa",
+    ("--signals-to-handle", "--signals_to_handle"): "SIGINT, SIGTERM and SIGHUP stop the "
+    "job through systemd",
+}
+
+
+class _Refuse(argparse.Action):
+    """A torchrun option we do not take: one line saying what to use instead."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        advice = next(a for flags, a in TORCHRUN_ONLY.items() if option_string in flags)
+        raise UsageError(f"{option_string} is a torchrun option gpulaunch does not take", advice)
+
+
+def add_torchrun_options(p: argparse.ArgumentParser) -> None:
+    """torchrun's flags with the same meaning, and its others refused with advice."""
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="accepted for torchrun compatibility: every gpulaunch job is standalone",
+    )
+    launch = p.add_mutually_exclusive_group()
+    launch.add_argument(
+        "-m",
+        "--module",
+        dest="launch",
+        action="store_const",
+        const=Launch.MODULE,
+        help="run SCRIPT as a module: python -m SCRIPT",
+    )
+    launch.add_argument(
+        "--no-python",
+        "--no_python",
+        dest="launch",
+        action="store_const",
+        const=Launch.NO_PYTHON,
+        help="run SCRIPT as a program, not with python",
+    )
+    launch.add_argument(
+        "--run-path",
+        "--run_path",
+        dest="launch",
+        action="store_const",
+        const=Launch.RUN_PATH,
+        help="run SCRIPT with runpy.run_path",
+    )
+    p.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart all ranks up to N times after a failure (default: 0)",
+    )
+    _add_node_options(p)
+    for flags in TORCHRUN_ONLY:
+        p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
+
+
+def _add_node_options(p: argparse.ArgumentParser) -> None:
+    """torchrun's multi-node flags (docs/multinode.md); under srun, SLURM's variables."""
+    g = p.add_argument_group("multi-node (one gpulaunch per node; see docs/multinode.md)")
+    g.add_argument("--nnodes", metavar="N", help="nodes in the job (default: 1, or SLURM's)")
+    g.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        metavar="R",
+        help="this node's rank, static rendezvous (default: 0, or SLURM_NODEID)",
+    )
+    g.add_argument(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        metavar="NAME",
+        help="static (default: --master-addr/--master-port) or c10d (--rdzv-endpoint)",
+    )
+    g.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        metavar="HOST[:PORT]",
+        help="the rendezvous store, the same on every node",
+    )
+    g.add_argument(
+        "--rdzv-id",
+        "--rdzv_id",
+        metavar="ID",
+        help="the job's id among the nodes (default: the job id, the same on every node)",
+    )
+    g.add_argument(
+        "--rdzv-conf", "--rdzv_conf", metavar="K=V,...", help="options for torch's rendezvous"
+    )
+    g.add_argument(
+        "--local-addr",
+        "--local_addr",
+        metavar="ADDR",
+        help="this node's address as the other nodes reach it (default: its FQDN)",
+    )
+
+
+def add_start_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nproc",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc",
+        type=_nproc,
+        metavar="N",
+        help="ranks on this machine: a number, gpu, cpu or auto (default: one per --gpus GPU, "
+        "else 1)",
+    )
+    p.add_argument(
+        "--job", metavar="NAME", help="job id (default: the script's name plus a random suffix)"
+    )
+    p.add_argument(
+        "--master-addr",
+        "--master_addr",
+        metavar="ADDR",
+        help="rank 0's address (default: 127.0.0.1; multi-node: node 0's, which serves the "
+        "static rendezvous)",
+    )
+    p.add_argument(
+        "--master-port",
+        "--master_port",
+        type=int,
+        metavar="PORT",
+        help="rank 0's port (default: a free port; multi-node static: 29500)",
+    )
+    p.add_argument(
+        "--grace",
+        "--shutdown-timeout",
+        "--shutdown_timeout",
+        dest="grace",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="time between SIGTERM and SIGKILL when ranks are stopped (default: 10)",
+    )
+    p.add_argument("--memory-max", metavar="BYTES", help="memory limit of each rank (MemoryMax=)")
+    p.add_argument(
+        "--job-memory-max",
+        metavar="BYTES",
+        help="memory limit of the whole job, all ranks and the watcher together (MemoryMax= of "
+        "the job slice)",
+    )
+    _add_placement_options(p)
+    p.add_argument(
+        "--units-dir",
+        action="append",
+        type=_units_dir,
+        default=[],
+        metavar="DIR",
+        help="look for unit templates here first (repeatable)",
+    )
+    add_manager_options(p, "the job's units")
+    p.add_argument("script", help="the training script (run with this Python)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def _gpu_list(text: str) -> tuple[int, ...]:
+    try:
+        return parse_gpu_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0,2,3 or 0-3") from None
+
+
+def _add_placement_options(p: argparse.ArgumentParser) -> None:
+    """GPUs and CPUs per rank (gpulaunch/plan/placement.py)."""
+    p.add_argument(
+        "--cpus-per-rank",
+        type=int,
+        metavar="N",
+        help="give each rank N CPUs of its own (AllowedCPUs=), whole cores first",
+    )
+    p.add_argument(
+        "--cpu-bind",
+        choices=[bind.value for bind in CpuBind],
+        default=CpuBind.NONE.value,
+        help="numa: each rank gets CPUs of its GPU's NUMA node (default: none)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_gpu_list,
+        metavar="LIST",
+        help="the GPUs to use, e.g. 0,2,3, counted in CUDA_VISIBLE_DEVICES; one rank each",
+    )
+    p.add_argument(
+        "--gpu-isolation",
+        action="store_true",
+        help="each rank sees and may open only its own GPU (DevicePolicy=closed)",
+    )
+    # A test stand-in, not for users: GPUs from DIR/proc/driver/nvidia, CPUs from DIR/sys.
+    p.add_argument("--machine-root", type=Path, metavar="DIR", help=argparse.SUPPRESS)
+
+
+def _rank_set(text: str) -> frozenset[int]:
+    try:
+        return parse_ranks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0 or 0,3 or 0-3") from None
+
+
+def _log_dir(text: str) -> Path:
+    problem = log_dir_problem(Path(text))
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}; {LOG_DIR_HINT}")
+    return Path(text)
+
+
+def _units_dir(text: str) -> Path:
+    problem = units_dir_problem(Path(text))
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}; give a directory of unit templates")
+    return Path(text)
+
+
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ranks",
+        "--local-ranks-filter",
+        "--local_ranks_filter",
+        dest="ranks",
+        type=_rank_set,
+        metavar="LIST",
+        help="show only these ranks' output live, e.g. 0 or 0,3 or 0-3 (the journal gets all; "
+        "on several nodes: this node's ranks, counted from 0)",
+    )
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="show no rank output live, only the report"
+    )
+    p.add_argument(
+        "--log-dir",
+        "--log_dir",
+        dest="log_dir",
+        type=_log_dir,
+        metavar="DIR",
+        help="also write each rank's output to DIR/rankN.log, stdout and stderr as they came "
+        "(not torchrun's DIR/<run id>/attempt_<n>/<rank>/{stdout,stderr}.log)",
+    )
+
+
+def start_options(args: argparse.Namespace) -> StartOptions:
+    return StartOptions(
+        script=args.script,
+        args=tuple(args.args),
+        nproc=args.nproc if args.nproc is not None else (len(args.gpus) if args.gpus else 1),
+        job=args.job,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        grace_sec=args.grace,
+        manager=default_manager(args.manager),
+        memory_max=args.memory_max,
+        job_memory_max=args.job_memory_max,
+        units_dirs=tuple(args.units_dir),
+        resources=Resources(
+            gpus=args.gpus,
+            gpu_isolation=args.gpu_isolation,
+            cpus_per_rank=args.cpus_per_rank,
+            cpu_bind=CpuBind(args.cpu_bind),
+        ),
+        machine_root=args.machine_root,
+        launch=args.launch or Launch.SCRIPT,
+        max_restarts=args.max_restarts,
+        nodes=NodeOptions(
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            rdzv_backend=args.rdzv_backend,
+            rdzv_endpoint=args.rdzv_endpoint,
+            rdzv_id=args.rdzv_id,
+            rdzv_conf=args.rdzv_conf,
+            local_addr=args.local_addr,
+        ),
+    )
+
+
+def output_options(args: argparse.Namespace) -> OutputOptions:
+    return OutputOptions(ranks=args.ranks, quiet=args.quiet, log_dir=args.log_dir)

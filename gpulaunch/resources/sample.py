@@ -1,0 +1,285 @@
+"""One look at every rank of a job: CPU, memory, processes, GPU, its last output line.
+
+A rank's processes are those of its unit: `cgroup.procs` of the cgroup its pid
+is in (its log pump included), read with psutil. CPU time is the cgroup's
+`cpu.stat` (every process the unit ever held, also those already gone); CPU %
+is its growth between two looks divided by the wall time between them (100 %
+is one CPU). Numbers this machine cannot give are None, and `JobSample.missing`
+says once, per column, why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from gpulaunch.jobapi.view import JobView
+from gpulaunch.resources import cgroup as cg
+from gpulaunch.resources.nvml import GpuProcess, Gpus
+
+LIVE_STATES = ("held", "running")
+
+
+@dataclass(frozen=True)
+class RankTarget:
+    """What the job's view on the bus says of a rank."""
+
+    rank: int
+    unit: str
+    pid: int  # 0: not forked yet
+    state: str
+    last_output: float | None = None  # seconds since the epoch of its last line; None: none yet
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """One rank (or, `rank` None, the job's totals) at one look."""
+
+    rank: int | None
+    unit: str
+    state: str
+    cpu_percent: float | None = None
+    cpu_sec: float | None = None
+    rss: int | None = None
+    pss: int | None = None
+    cgroup_memory: int | None = None
+    processes: int | None = None
+    threads: int | None = None
+    gpu_memory: int | None = None
+    gpu_util: int | None = None
+    idle_sec: float | None = None  # seconds since its last output line
+
+    def to_json(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# The columns that can be missing on a machine, with the text that heads them.
+COLUMNS = {
+    "cgroup_memory": "memory.current",
+    "pss": "PSS",
+    "gpu": "GPU",
+    "idle_sec": "last output",
+}
+
+
+@dataclass(frozen=True)
+class JobSample:
+    """Every rank and the totals; `missing`: column -> why it cannot be had here."""
+
+    ranks: tuple[RankSample, ...]
+    total: RankSample
+    missing: dict[str, str] = field(default_factory=dict)
+    interval: float | None = None  # seconds the CPU % were measured over
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "ranks": [r.to_json() for r in self.ranks],
+            "total": self.total.to_json(),
+            "missing": dict(self.missing),
+            "cpu_interval_sec": self.interval,
+        }
+
+
+@dataclass
+class _Processes:
+    rss: int = 0
+    pss: int | None = 0
+    threads: int = 0
+    count: int = 0
+    cpu_sec: float = 0.0
+    pids: list[int] = field(default_factory=list)
+
+
+class Sampler:
+    """Looks at ranks again and again; CPU % comes from the previous look at each unit."""
+
+    def __init__(
+        self,
+        gpus: Gpus | str | None = None,
+        proc: Path = cg.PROC,
+        root: Path = cg.CGROUP_ROOT,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.gpus = gpus
+        self.proc = proc
+        self.root = root
+        self.clock = clock
+        self.wall = wall
+        self._previous: dict[str, tuple[float, float]] = {}  # unit -> (clock, cpu seconds)
+
+    def sample(self, targets: Sequence[RankTarget], last_output_known: bool = True) -> JobSample:
+        missing: dict[str, str] = {}
+        now, wall = self.clock(), self.wall()
+        on_gpu = self.gpus.processes() if isinstance(self.gpus, Gpus) else {}
+        if isinstance(self.gpus, str):
+            missing["gpu"] = self.gpus
+        elif self.gpus is None:
+            missing["gpu"] = "not asked for"
+        if not last_output_known:
+            missing["idle_sec"] = "the job's watcher does not publish LastOutput (older gpulaunch)"
+        ranks = []
+        intervals: list[float] = []
+        for t in targets:
+            ranks.append(self._rank(t, now, wall, on_gpu, missing, intervals))
+        total = _total(ranks)
+        if not any(r.gpu_memory is not None or r.gpu_util is not None for r in ranks):
+            if "gpu" not in missing and isinstance(self.gpus, Gpus):
+                missing["gpu"] = "no process of these ranks is on a GPU"
+        return JobSample(
+            ranks=tuple(ranks),
+            total=total,
+            missing=missing,
+            interval=max(intervals) if intervals else None,
+        )
+
+    def _rank(
+        self,
+        t: RankTarget,
+        now: float,
+        wall: float,
+        on_gpu: dict[int, list[GpuProcess]],
+        missing: dict[str, str],
+        intervals: list[float],
+    ) -> RankSample:
+        idle = None if t.last_output is None else max(0.0, wall - t.last_output)
+        alive = t.pid and t.state in LIVE_STATES
+        group = cg.cgroup_of(t.pid, self.proc, self.root) if alive else None
+        if group is None:
+            return RankSample(rank=t.rank, unit=t.unit, state=t.state, idle_sec=idle)
+        procs = self._processes(cg.procs(group), missing)
+        usec = cg.cpu_usec(group)
+        cpu_sec = usec / 1e6 if usec is not None else procs.cpu_sec
+        percent = None
+        before = self._previous.get(t.unit)
+        if before is not None and now > before[0]:
+            percent = max(0.0, (cpu_sec - before[1]) / (now - before[0]) * 100)
+            intervals.append(now - before[0])
+        self._previous[t.unit] = (now, cpu_sec)
+        current = cg.memory_current(group)
+        if current is None:
+            why = cg.memory_controller(group)
+            if why:
+                missing.setdefault("cgroup_memory", why)
+        gpu_memory, gpu_util = _gpu(procs.pids, on_gpu)
+        return RankSample(
+            rank=t.rank,
+            unit=t.unit,
+            state=t.state,
+            cpu_percent=percent,
+            cpu_sec=cpu_sec,
+            rss=procs.rss,
+            pss=procs.pss,
+            cgroup_memory=current,
+            processes=procs.count,
+            threads=procs.threads,
+            gpu_memory=gpu_memory,
+            gpu_util=gpu_util,
+            idle_sec=idle,
+        )
+
+    @staticmethod
+    def _processes(pids: Sequence[int], missing: dict[str, str]) -> _Processes:
+        out = _Processes()
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                with proc.oneshot():
+                    rss = proc.memory_info().rss
+                    threads = proc.num_threads()
+                    times = proc.cpu_times()
+                    pss: int | None
+                    try:
+                        pss = proc.memory_full_info().pss  # smaps_rollup: needs ptrace access
+                    except (psutil.AccessDenied, AttributeError):
+                        pss = None
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue  # gone between cgroup.procs and now
+            except psutil.AccessDenied:
+                missing.setdefault("pss", "processes of another user (run as root to see them)")
+                continue
+            out.count += 1
+            out.rss += rss
+            out.threads += threads
+            out.cpu_sec += times.user + times.system
+            out.pids.append(pid)
+            if pss is None:
+                out.pss = None
+                missing.setdefault("pss", "smaps_rollup not readable (another user's processes)")
+            elif out.pss is not None:
+                out.pss += pss
+        return out
+
+
+def _gpu(pids: Sequence[int], on_gpu: dict[int, list[GpuProcess]]) -> tuple[int | None, int | None]:
+    """The GPU memory (sum) and SM utilisation (sum over its processes) of a rank's pids."""
+    memory: int | None = None
+    util: int | None = None
+    for pid in pids:
+        for use in on_gpu.get(pid, ()):
+            if use.memory is not None:
+                memory = (memory or 0) + use.memory
+            if use.sm_util is not None:
+                util = (util or 0) + use.sm_util
+    return memory, util
+
+
+def _sum(values: Sequence[float | int | None]) -> float | int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _total(ranks: Sequence[RankSample]) -> RankSample:
+    def total(name: str) -> float | int | None:
+        return _sum([getattr(r, name) for r in ranks])
+
+    def whole(name: str) -> int | None:
+        value = total(name)
+        return None if value is None else int(value)
+
+    idle = [r.idle_sec for r in ranks if r.idle_sec is not None]
+    return RankSample(
+        rank=None,
+        unit="",
+        state="",
+        cpu_percent=total("cpu_percent"),
+        cpu_sec=total("cpu_sec"),
+        rss=whole("rss"),
+        pss=None if any(r.pss is None and r.rss is not None for r in ranks) else whole("pss"),
+        cgroup_memory=whole("cgroup_memory"),
+        processes=whole("processes"),
+        threads=whole("threads"),
+        gpu_memory=whole("gpu_memory"),
+        gpu_util=None,
+        idle_sec=min(idle) if idle else None,  # the job: since any rank's last line
+    )
+
+
+def targets(view: JobView) -> tuple[list[RankTarget], bool]:
+    """The ranks to look at, from the job's view on the bus; and whether it has LastOutput."""
+    known = len(view.last_output) == len(view.ranks)
+    out = []
+    for i, r in enumerate(view.ranks):
+        stamp = view.last_output[i] if known else 0
+        out.append(
+            RankTarget(
+                rank=r.rank,
+                unit=r.unit,
+                pid=r.pid,
+                state=r.state,
+                last_output=stamp / 1e6 if stamp else None,
+            )
+        )
+    return out, known
+
+
+def measure(view: JobView, sampler: Sampler, interval: float) -> JobSample:
+    """Two looks `interval` seconds apart (the second has CPU %); for one-shot commands."""
+    ranks, known = targets(view)
+    sampler.sample(ranks, known)
+    time.sleep(interval)  # the measuring window of CPU %, not a wait for an event
+    return sampler.sample(ranks, known)

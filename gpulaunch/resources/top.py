@@ -1,0 +1,96 @@
+"""`gpulaunch top [JOB]`: every running job's ranks (or one job's), redrawn in place.
+
+The jobs and their ranks come from the bus (gpulaunch/jobapi/client.py), what
+they use from /proc and their cgroups (sample.py), the table from view.py. The
+table is redrawn every `--interval` seconds: a screen refresh, like top's,
+not the watcher's business (the watcher never polls). Off a terminal, or with
+`--once`, it prints one table measured over one interval and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from rich.console import Console, RenderableType
+from rich.live import Live
+
+from gpulaunch.errors import UnknownJobError
+from gpulaunch.jobapi.client import JobClient, run
+from gpulaunch.jobapi.view import JobView, bus_title
+from gpulaunch.resources.nvml import Gpus, open_gpus
+from gpulaunch.resources.sample import JobSample, Sampler, targets
+from gpulaunch.resources.view import render
+
+
+def title(view: JobView) -> str:
+    return (
+        f"job {view.job}: {view.state.value}, {len(view.ranks)} ranks in {view.slice} "
+        f"({view.manager} manager, watcher pid {view.watcher_pid})"
+    )
+
+
+class Top:
+    """One look at the jobs after another."""
+
+    def __init__(self, client: JobClient, job: str | None, sampler: Sampler) -> None:
+        self.client = client
+        self.job = job
+        self.sampler = sampler
+        self.ended = False
+
+    async def views(self) -> list[JobView]:
+        if self.job is None:
+            return await self.client.running()
+        view = await self.client.find(self.job)
+        return [view] if view is not None else []
+
+    async def look(self) -> RenderableType:
+        views = await self.views()
+        if self.job is not None and (not views or views[0].state.ended):
+            self.ended = True
+        jobs: list[tuple[str, JobSample]] = []
+        for view in views:
+            ranks, known = targets(view)
+            jobs.append((title(view), self.sampler.sample(ranks, known)))
+        where = bus_title(self.client.manager)
+        if not jobs:
+            footer = f"no job {self.job!r} on {where}" if self.job else f"no jobs on {where}"
+        else:
+            footer = time.strftime("%H:%M:%S") + f"  ({where}; Ctrl-C quits)"
+        return render(jobs, footer)
+
+
+async def _top(client: JobClient, args: argparse.Namespace, console: Console) -> int:
+    if args.job is not None and await client.find(args.job) is None:
+        raise UnknownJobError(
+            f"no job {args.job!r} is running on {bus_title(client.manager)}",
+            f"'gpulaunch status {args.job}' shows a job that ended; --system or --user "
+            "choose whose jobs",
+        )
+    gpus = open_gpus()
+    top = Top(client, args.job, Sampler(gpus))
+    try:
+        await top.look()  # the first look: CPU % needs two
+        if args.once or not console.is_terminal:
+            await asyncio.sleep(args.interval)
+            console.print(await top.look())
+            return 0
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                await asyncio.sleep(args.interval)
+                live.update(await top.look(), refresh=True)
+                if top.ended:
+                    return 0
+    finally:
+        if isinstance(gpus, Gpus):
+            gpus.close()
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    console = Console(highlight=False)
+    try:
+        return run(args.manager, lambda client: _top(client, args, console))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,149 @@
+"""`gpulaunch setup`: install the system side from the installed package itself.
+
+What it installs is optional: a job runs without it, with a warning naming this command.
+- the D-Bus policy (always): a system job's watcher may own io.gpulaunch.job.*, so
+  `gpulaunch status/stop/wait` and busctl see the job (docs/dbus.md);
+- with `--journald`, journald's rate-limit drop-in: journald keeps every line of chatty
+  ranks (journald.conf(5)); journald reads it when it restarts, which happens only
+  with `--restart-journald` (a restart closes every service's log stream).
+
+No `gpulaunch.slice` defaults are installed: each job's slice is transient and carries
+its own settings (gpulaunch/units/templates/job.slice).
+
+Idempotent (a file that holds what the package ships is left alone), `--uninstall`
+removes what it installed, and every line it prints says what it changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpulaunch.errors import AccessDeniedError, GpulaunchError, SystemdError, UsageError
+from gpulaunch.system.files import ALL, BUS_POLICY, JOURNALD_DROP_IN, SystemFile
+
+JOURNALD = "systemd-journald.service"
+
+
+@dataclass(frozen=True)
+class Change:
+    """What `setup` did to one file: installed, updated, unchanged, removed, absent."""
+
+    what: str
+    path: Path
+
+    def line(self) -> str:
+        return f"gpulaunch setup: {self.what} {self.path}"
+
+
+def install(file: SystemFile, root: Path) -> Change:
+    """Put the shipped file in place (atomically), unless it is there already."""
+    target = file.at(root)
+    if file.installed(root):
+        return Change("unchanged", target)
+    what = "updated" if target.exists() else "installed"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.gpulaunch-tmp")
+    tmp.write_bytes(file.source.read_bytes())
+    tmp.chmod(0o644)
+    os.replace(tmp, target)
+    return Change(what, target)
+
+
+def uninstall(file: SystemFile, root: Path) -> Change:
+    """Remove the file `install` put there."""
+    target = file.at(root)
+    try:
+        target.unlink()
+    except FileNotFoundError:
+        return Change("absent", target)
+    return Change("removed", target)
+
+
+def reload_bus_config() -> str:
+    """Ask the system bus to reread its policy now (dbus-broker does not watch the files)."""
+    from dbus_fast import Message, MessageType
+
+    from gpulaunch.jobapi.bus import DBUS, DBUS_PATH, connect
+    from gpulaunch.model import Manager
+
+    async def call() -> Any:
+        bus = await connect(Manager.SYSTEM)
+        try:
+            return await bus.call(
+                Message(destination=DBUS, path=DBUS_PATH, interface=DBUS, member="ReloadConfig")
+            )
+        finally:
+            bus.disconnect()
+
+    try:
+        reply = asyncio.run(call())
+    except GpulaunchError as exc:
+        return (
+            f"the system bus is not reachable ({exc.message}); it reads the policy when it starts"
+        )
+    if reply.message_type is not MessageType.METHOD_RETURN:
+        raise SystemdError(
+            f"the system bus did not reload its configuration: {reply.error_name}",
+            "restart dbus, or reboot, for the policy to apply",
+        )
+    return "the system bus reloaded its configuration"
+
+
+def restart_journald() -> str:
+    """Restart journald so that it reads the drop-in (it has no reload for this)."""
+    done = subprocess.run(
+        ["systemctl", "restart", JOURNALD], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemdError(
+            f"could not restart {JOURNALD}: {done.stderr.strip() or done.returncode}",
+            f"restart it yourself: systemctl restart {JOURNALD}",
+        )
+    return f"restarted {JOURNALD}"
+
+
+def chosen(args: argparse.Namespace) -> Sequence[SystemFile]:
+    """The files this run is about: all of them to uninstall, else the policy (+ journald)."""
+    if args.uninstall:
+        return ALL
+    return (BUS_POLICY, JOURNALD_DROP_IN) if args.journald else (BUS_POLICY,)
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    root: Path = args.root or Path("/")
+    on_machine = args.root is None
+    if args.restart_journald:
+        args.journald = True
+    if args.uninstall and args.journald and not args.restart_journald:
+        raise UsageError("--journald has no meaning with --uninstall", "uninstall removes all")
+    if on_machine and os.geteuid() != 0:
+        raise AccessDeniedError(
+            "gpulaunch setup writes into /etc", "run it as root: sudo gpulaunch setup"
+        )
+    act = uninstall if args.uninstall else install
+    changes = {file: act(file, root) for file in chosen(args)}
+    for change in changes.values():
+        print(change.line(), flush=True)
+    changed = {file for file, c in changes.items() if c.what not in ("unchanged", "absent")}
+    if not changed:
+        print("gpulaunch setup: nothing to change")
+    if not on_machine:
+        return 0
+    if BUS_POLICY in changed:
+        print(f"gpulaunch setup: {reload_bus_config()}")
+    if JOURNALD_DROP_IN in changed or (args.restart_journald and JOURNALD_DROP_IN in changes):
+        if args.restart_journald:
+            print(f"gpulaunch setup: {restart_journald()}")
+        else:
+            print(
+                "gpulaunch setup: journald applies its new rate limit when it restarts: "
+                "gpulaunch setup --journald --restart-journald (or reboot)"
+            )
+    return 0

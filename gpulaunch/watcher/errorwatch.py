@@ -1,0 +1,133 @@
+"""The moment a rank's `@record` writes its error file: inotify on each rank's directory.
+
+torch's `@record` writes the failing entry point's exception to
+$TORCHELASTIC_ERROR_FILE and re-raises; the interpreter then prints the
+traceback and tears down (torch, CUDA), which takes a second or more while the
+other ranks wait in a collective. The error file is the earliest sign of the
+failure, so the watcher stops the other ranks when it is written (closed after
+writing, or renamed into place), and still waits for the failing rank's own
+exit status. inotify(7): one fd on the watcher's loop, no polling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from gpulaunch.model import RankState
+from gpulaunch.watcher.errorfile import ErrorFiles
+from gpulaunch.watcher.ranks import Rank
+
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_TO = 0x00000080
+IN_Q_OVERFLOW = 0x00004000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
+FILE_NAME = "error.json"  # errorfile.ErrorFiles.path's name
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return result
+
+
+class ErrorFileWatch:
+    """Says which (attempt, rank) just wrote its error file."""
+
+    def __init__(self) -> None:
+        self.fd = _check(_libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC), "inotify_init1")
+        self._keys: dict[int, tuple[int, int]] = {}
+
+    def __enter__(self) -> ErrorFileWatch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def add(self, directory: Path, attempt: int, rank: int) -> None:
+        """Watch `directory` (the rank's own, before the rank runs) for its error file."""
+        wd = _check(
+            _libc.inotify_add_watch(
+                self.fd, os.fsencode(directory), ctypes.c_uint32(IN_CLOSE_WRITE | IN_MOVED_TO)
+            ),
+            f"inotify_add_watch {directory}",
+        )
+        self._keys[wd] = (attempt, rank)
+
+    def read(self) -> list[tuple[int, int]]:
+        """The (attempt, rank) pairs whose error file was written since the last read."""
+        written: list[tuple[int, int]] = []
+        while True:
+            try:
+                data = os.read(self.fd, 64 * 1024)
+            except BlockingIOError:
+                return written
+            except OSError as exc:  # pragma: no cover - defensive
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            written += self.parse(data)
+
+    def parse(self, data: bytes) -> list[tuple[int, int]]:
+        found = []
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
+            offset += _EVENT.size + length
+            if mask & IN_Q_OVERFLOW:  # events were lost: every watched rank might have written
+                found += list(self._keys.values())
+            elif name == FILE_NAME.encode() and wd in self._keys:
+                found.append(self._keys[wd])
+        return found
+
+    def new_errors(self, files: ErrorFiles, ranks: Sequence[Rank], attempt: int) -> list[Rank]:
+        """The running ranks of `attempt` that wrote their error file just now, for the first time.
+
+        A file that does not parse (yet) is not an error: @record writes it whole, then closes.
+        """
+        found = []
+        for written_attempt, index in self.read():
+            rank = ranks[index]
+            if (
+                written_attempt == attempt
+                and rank.state is RankState.RUNNING
+                and not rank.stop_requested
+                and rank.error_at is None
+                and rank not in found
+                and files.read(attempt, index) is not None
+            ):
+                found.append(rank)
+        return found
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def stop_others(ranks: Sequence[Rank]) -> list[int]:
+    """Mark every live rank that wrote no error file as stopped by the watcher; their indices."""
+    others = [i for i, r in enumerate(ranks) if r.state.alive and r.error_at is None]
+    for index in others:
+        ranks[index].stop_requested = True
+    return others

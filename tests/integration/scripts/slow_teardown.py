@@ -1,0 +1,54 @@
+"""A rank that fails with a slow teardown (2 s in an atexit handler), with or without @record.
+
+Every rank writes `<dir>/rank<N>.pid`; the others write `<dir>/rank<N>.ready` once they
+can record a SIGTERM, and `<dir>/rank<N>.term` (the wall-clock time) when it reaches them;
+the failing rank writes `<dir>/rank<N>.exit` (the time) at the very end of its teardown.
+"""
+
+import argparse
+import atexit
+import os
+import signal
+import sys
+import time
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+def stamp(directory: str, name: str) -> None:
+    with open(os.path.join(directory, f"rank{os.environ['RANK']}.{name}"), "w") as f:
+        f.write(repr(time.time()))
+
+
+def train(args: argparse.Namespace) -> None:
+    rank = int(os.environ["RANK"])
+    if rank == args.fail_rank:
+        # Fail once the others can record their SIGTERM (they may still import torch).
+        others = [r for r in range(int(os.environ["WORLD_SIZE"])) if r != rank]
+        while not all(os.path.exists(os.path.join(args.dir, f"rank{r}.ready")) for r in others):
+            time.sleep(0.05)
+        atexit.register(lambda: (time.sleep(2.0), stamp(args.dir, "exit")))
+        raise RuntimeError(f"rank {rank} fails on purpose")
+
+    def on_term(signum: int, frame: object) -> None:
+        stamp(args.dir, "term")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    stamp(args.dir, "ready")
+    time.sleep(120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--fail-rank", type=int, default=1)
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args()
+    with open(os.path.join(args.dir, f"rank{os.environ['RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    (train if args.no_record else record(train))(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Seeing inside a running job (issue 17, items 3-5): `gpulaunch stacks`, --hang-timeout,
+--dump-stacks, and the gang stop at the moment a rank's @record writes its error file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.jobs import REPO, Job, assert_clean
+from tests.integration.test_dbus import finish, gl, start_running
+
+pytestmark = pytest.mark.integration
+
+SCRIPTS = REPO / "tests" / "integration" / "scripts"
+
+
+def line_of(script: Path, text: str) -> int:
+    """The 1-based line of `text` in `script` (so the test follows edits of the script)."""
+    return next(i for i, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
+def test_stacks_name_each_ranks_function_and_line(job: Job) -> None:
+    proc = start_running(job, 2)
+    try:
+        res = gl(job, "stacks", job.id, timeout=120)
+        assert res.returncode == 0, res.stderr
+        sleep_line = line_of(SCRIPTS / "rank.py", "time.sleep(args.sleep)")
+        for rank in (0, 1):
+            assert f"rank {rank} ({job.names.rank_scope(rank)}, pid " in res.stdout, res.stdout
+        assert res.stdout.count(f"main (rank.py:{sleep_line})") == 2, res.stdout
+        one = gl(job, "stacks", job.id, "--rank", "1", timeout=120)
+        assert one.returncode == 0, one.stderr
+        assert "rank 1 (" in one.stdout and "rank 0 (" not in one.stdout, one.stdout
+    finally:
+        finish(job, proc)
+
+
+SLOW_TEARDOWN = str(SCRIPTS / "slow_teardown.py")
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["record", "no-record"])
+def test_the_error_file_stops_the_others_before_the_failing_rank_exits(
+    job: Job, recorded: bool
+) -> None:
+    """With @record the others get SIGTERM while rank 1 still tears down; without, after."""
+    res = job.run(
+        "--nproc",
+        "3",
+        script=SLOW_TEARDOWN,
+        script_args=[] if recorded else ["--no-record"],
+        timeout=180,
+    )
+    assert res.returncode == 1, res.stderr
+    assert "failed: rank 1 exit 1" in res.stderr, res.stderr
+    assert ("its error file (@record)" in res.stderr) is recorded, res.stderr
+    exited = float((job.dir / "rank1.exit").read_text())
+    for rank in (0, 2):
+        termed = float((job.dir / f"rank{rank}.term").read_text())
+        assert (termed < exited) is recorded, (rank, termed, exited)
+    assert_clean(job)
+
+
+SKIP_ALLREDUCE = str(SCRIPTS / "skip_allreduce.py")
+
+
+def test_a_hang_is_found_and_the_stacks_say_who_waits_for_whom(job: Job) -> None:
+    """Rank 1 skips an all_reduce: ranks 0, 2, 3 wait in it; --hang-timeout 3 finds it."""
+    started = time.monotonic()
+    res = job.run("--nproc", "4", "--hang-timeout", "3", script=SKIP_ALLREDUCE, timeout=300)
+    took = time.monotonic() - started
+    assert res.returncode == 124, res.stderr
+    head = [line for line in res.stderr.splitlines() if " hung: " in line]
+    assert len(head) == 1 and head[0].startswith(f"gpulaunch: job {job.id} hung"), res.stderr
+    assert "ranks 0, 2, 3 in all_reduce" in head[0], res.stderr
+    assert "rank 1 not in a collective: elsewhere (skip_allreduce.py:" in head[0], res.stderr
+    assert "the ranks' stacks" in res.stderr, res.stderr
+    assert "    all_reduce (torch/distributed/distributed_c10d.py:" in res.stderr, res.stderr
+    stacks_file = next(p for p in res.stderr.split() if p.endswith(".stacks.txt)"))[:-1]
+    assert job.box.run(["test", "-s", stacks_file]).returncode == 0
+    assert took < 240, took  # torch's import on a loaded machine, then 3 s to 4.5 s
+    assert_clean(job)
+
+
+def test_dump_stacks_shows_the_survivors_when_a_rank_fails(job: Job) -> None:
+    res = job.run(
+        "--nproc",
+        "3",
+        "--dump-stacks",
+        "--log-dir",
+        str(job.dir / "logs"),
+        script=SKIP_ALLREDUCE,
+        script_args=["--fail-rank", "2", "--skip-rank", "-1"],
+        timeout=300,
+    )
+    assert res.returncode == 3, res.stderr
+    assert "failed: rank 2 exit 3" in res.stderr, res.stderr
+    assert "the ranks' stacks" in res.stderr, res.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} (" in res.stderr.split("the ranks' stacks")[1]
+    text = (job.dir / "logs" / f"{job.names.component}.stacks.txt").read_text()
+    assert text.startswith("rank 2 exit 3"), text
+    assert text.count("elsewhere (skip_allreduce.py:") == 2, text  # ranks 0 and 1
+    assert_clean(job)

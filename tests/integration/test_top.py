@@ -1,0 +1,141 @@
+"""What ranks use, seen from outside (`gpulaunch status --resources`, `gpulaunch top`) and
+in the final report, against a real systemd with real processes.
+
+The box has no cgroup controllers: `memory.current` and `memory.events` are absent, so
+these tests see the "not available here" path; the controller paths are unit-tested
+with fake cgroup trees (tests/unit/test_resources.py).
+
+CPU %: the machine running the tests is shared and loaded, so a burning rank may get
+less than a whole CPU. The test does not assert 90-110 % of wall time; it checks what
+the number is made of: the rank's CPU time as reported equals what the kernel says of
+its process (/proc/PID/stat) within a small margin, and the percentage is bounded by
+one CPU (a single-threaded burner and an idle log pump cannot use more than ~110 %).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.integration.jobs import GPULAUNCH, REPO, Job
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "usage_rank.py")
+MiB = 1 << 20
+
+
+def gl(job: Job, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return job.box.run(
+        [GPULAUNCH, *argv], cwd=str(REPO), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def proc_cpu_sec(job: Job, pid: int) -> float:
+    stat = job.box.run(["cat", f"/proc/{pid}/stat"], capture_output=True, text=True).stdout
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(job: Job, *script_args: str) -> subprocess.Popen[str]:
+    proc = job.popen("--nproc", "2", script=SCRIPT, script_args=list(script_args))
+    for rank in range(2):
+        job.wait_file(f"rank{rank}.ready")
+    return proc
+
+
+def end(job: Job, proc: subprocess.Popen[str]) -> None:
+    gl(job, "stop", job.id)
+    proc.communicate(timeout=60)
+
+
+def test_status_resources_shows_cpu_memory_and_what_is_missing(job: Job) -> None:
+    proc = start(job, "--burn-rank", "0", "--hold-rank", "1", "--hold-mb", "300")
+    try:
+        res = gl(job, "status", job.id, "--resources", "--json")
+        assert res.returncode == 0, res.stderr
+        burner_cpu = proc_cpu_sec(job, job.pids()["rank0"])
+        out: dict[str, Any] = json.loads(res.stdout)["resources"]
+        burner, holder = out["ranks"]
+        # CPU time: the unit's cgroup, so it is what the kernel says of the rank's process
+        # (read just after) plus its idle log pump.
+        assert burner["cpu_sec"] <= burner_cpu + 0.2
+        assert burner["cpu_sec"] >= burner_cpu - 1.5  # read up to ~1 s apart, on a busy box
+        assert 25 <= burner["cpu_percent"] <= 115, out
+        assert holder["cpu_percent"] < 20, out
+        # Memory: the holder's unit minus the idle one's (same interpreter, same pump).
+        held = holder["rss"] - burner["rss"]
+        assert abs(held - 300 * MiB) <= 30 * MiB, out
+        assert holder["pss"] - burner["pss"] == pytest.approx(300 * MiB, rel=0.1)
+        for r in (burner, holder):
+            assert r["processes"] == 2 and r["threads"] >= 2  # the rank and its log pump
+            assert r["cgroup_memory"] is None and r["idle_sec"] is not None
+        # No memory controller, no NVML here: said once, not zeros.
+        assert "memory controller" in out["missing"]["cgroup_memory"]
+        assert "gpu" in out["missing"]
+        assert out["total"]["rss"] == burner["rss"] + holder["rss"]
+
+        text = gl(job, "status", job.id, "--resources")
+        assert text.returncode == 0, text.stderr
+        assert text.stdout.count("memory.current: not available here") == 1, text.stdout
+        assert "GPU: not available here" in text.stdout
+    finally:
+        end(job, proc)
+
+
+def test_top_once_renders_the_table(job: Job) -> None:
+    proc = start(job, "--burn-rank", "0")
+    try:
+        res = gl(job, "top", job.id, "--once", "--interval", "0.5")
+        assert res.returncode == 0, res.stderr
+        lines = res.stdout.splitlines()
+        assert any(line.startswith(f"job {job.id}: running, 2 ranks") for line in lines)
+        header = next(line for line in lines if line.split()[:2] == ["rank", "state"])
+        for column in ("CPU", "CPU time", "RSS", "PSS", "procs", "threads", "last output"):
+            assert column in header, header
+        assert "memory.current" not in header and "GPU" not in header
+        rows = [line.split() for line in lines]
+        assert [r[:2] for r in rows if r[:1] in (["0"], ["1"])] == [
+            ["0", "running"],
+            ["1", "running"],
+        ]
+        assert any(r[:1] == ["total"] for r in rows)
+        assert any("memory.current: not available here" in line for line in lines)
+        assert any(line.endswith("s ago") for line in lines)
+        # Every job when none is named.
+        every = gl(job, "top", "--once", "--interval", "0.2")
+        assert f"job {job.id}:" in every.stdout, every.stdout
+    finally:
+        end(job, proc)
+
+
+def test_top_of_an_unknown_job_is_one_line(job: Job) -> None:
+    res = gl(job, "top", "no-such-job-here", "--once")
+    assert res.returncode == 3, res.stderr
+    assert res.stderr.startswith("gpulaunch: error: no job 'no-such-job-here' is running")
+    assert len(res.stderr.splitlines()) == 1
+
+
+def test_report_and_record_have_cpu_time_and_peak_memory(job: Job) -> None:
+    res = job.run(
+        "--nproc",
+        "2",
+        script=SCRIPT,
+        script_args=["--burn-rank", "0", "--hold-rank", "1", "--hold-mb", "100", "--seconds", "1"],
+    )
+    assert res.returncode == 0, res.stderr
+    report = res.stderr[res.stderr.index("gpulaunch: job " + job.id + " succeeded") :]
+    header = next(line for line in report.splitlines() if line.split()[:1] == ["rank"])
+    assert header.split()[-3:] == ["cpu", "peak", "mem"], report
+    assert "cpu: from the unit's cgroup (cpu.stat)" in report
+    assert "peak mem: from wait4's ru_maxrss" in report  # no memory.peak in the box
+    status = gl(job, "status", job.id, "--json")
+    ranks = json.loads(status.stdout)["ranks"]
+    burner, holder = ranks[0]["usage"], ranks[1]["usage"]
+    assert burner["cpu_sec"] > 0.3 and holder["cpu_sec"] < burner["cpu_sec"]
+    assert holder["peak_memory"] >= 100 * MiB > burner["peak_memory"]
+    assert ranks[0]["oom"] is None
