@@ -31,7 +31,7 @@ from gpulaunch.units.definitions import JobUnits
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
-from gpulaunch.watcher.interrupts import install_wakeup
+from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
@@ -170,9 +170,14 @@ def start(
             peer=peer,
             hang=hang,
         )
-        report = watcher.run()
+        try:
+            report = watcher.run()
+        finally:
+            ignore_interrupts()  # the end is decided: its status is the exit status
+    report = replace(report, log_file_gaps=output.log_file_gaps)
     if journal_problem is None:
-        report = replace(report, log_drops=journal_drops(spec, output))
+        missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
+        report = replace(report, log_drops=journal_drops(spec, output, missed))
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
 
@@ -202,23 +207,27 @@ def _where(spec: JobSpec, where: str) -> str:
     )
 
 
-def journal_drops(spec: JobSpec, output: Output) -> tuple[LogDrop, ...]:
-    """Ranks of which journald kept fewer lines than they wrote (its rate limit)."""
+def journal_drops(
+    spec: JobSpec, output: Output, missed: frozenset[int] = frozenset()
+) -> tuple[LogDrop, ...]:
+    """Ranks of which journald kept fewer lines than they wrote.
+
+    Its rate limit, or it was away for a while: the pumps of the ranks in
+    `missed` could not hand it every line.
+    """
     burst = rate_limit_burst()
-    if burst is None:
-        return ()
     drops = []
     synced = False
     for rank in spec.ranks:
         written = output.lines(rank.rank)
-        if written <= burst:
+        if (burst is None or written <= burst) and rank.rank not in missed:
             continue  # the limit cannot have been reached
         if not synced:
             journal_sync(spec.manager)
             synced = True
         stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}")
         if stored < written:
-            drops.append(LogDrop(rank=rank.rank, written=written, stored=stored))
+            drops.append(LogDrop(rank.rank, written, stored, unreachable=rank.rank in missed))
     return tuple(drops)
 
 

@@ -79,6 +79,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "CAUSE_NODE", str(view.cause_node)))
         out.append((_PREFIX + "CAUSE_HOST", view.cause_host))
         out.append((_PREFIX + "CAUSE_WHAT", view.cause_what))
+    if view.interrupted_by:
+        out.append((_PREFIX + "INTERRUPTED_BY", view.interrupted_by))
     if view.error:
         out.append((_PREFIX + "ERROR", view.error))
     if view.restarts:
@@ -207,6 +209,7 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             cause_node=_int(entry, _PREFIX + "CAUSE_NODE"),
             cause_host=_text(entry.get(_PREFIX + "CAUSE_HOST")),
             cause_what=_text(entry.get(_PREFIX + "CAUSE_WHAT")),
+            interrupted_by=_text(entry.get(_PREFIX + "INTERRUPTED_BY")),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -18,6 +18,10 @@ one small interface, `Supervisor`, and never to systemd itself:
 - `signal_rank`: a notice (SIGUSR1/2) to every process of one rank;
 - `parent_death_signal`: what the kernel sends the processes the watcher forks
   when it dies (0: nothing; the supervisor stops them another way).
+- `catch_up`: hand over every event already under way before the watcher
+  judges a rank's unasked death: a rank killed by a stop from outside (for
+  systemd, `systemctl stop` of the job's slice) is then known as such
+  (`SupervisorEvents.stopped_from_outside`), never taken for a rank failure.
 
 Implementations: `systemd` (scopes and slices, gpulaunch/supervisor/systemd.py)
 and `direct` (the watcher's own cgroups or process groups,
@@ -45,6 +49,12 @@ class SupervisorEvents(Protocol):
 
     def gang_stopped(self) -> None:
         """The ranks' containment is gone: every rank process has ended."""
+
+    def stopped_from_outside(self, what: str) -> None:
+        """Someone else is stopping the job's containment: the job is interrupted.
+
+        `what` says by what, for the report ("a stop of gpulaunch-x.slice from outside").
+        """
 
 
 class Supervisor(Protocol):
@@ -75,6 +85,9 @@ class Supervisor(Protocol):
 
     async def renew_gang(self) -> None:
         """After a gang stop: containment for the ranks of a new attempt."""
+
+    def catch_up(self) -> None:
+        """Deliver every event that is already on its way (a stop from outside)."""
 
     def signal_rank(self, rank: int, signum: int) -> None:
         """Send `signum` to every process of rank `rank` (a notice, not a stop)."""

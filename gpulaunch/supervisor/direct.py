@@ -90,6 +90,9 @@ class _Direct:
         self._loop = loop
         self._events = events
 
+    def catch_up(self) -> None:
+        """Nothing is on its way: the direct supervisor hears of no stop from outside."""
+
     def _after_grace(self, kill: Callable[[], None]) -> None:
         assert self._loop is not None
         if self._timer is not None:

@@ -22,6 +22,17 @@ def install_wakeup() -> int:
     return read_end.detach()
 
 
+def ignore_interrupts() -> None:
+    """The job's status is decided: from now on no interrupt may change it.
+
+    Ignored, not just handled: at interpreter shutdown Python puts the default
+    action back for every signal it has a handler for, and a SIGTERM then
+    would end the process with 143 after a report that said otherwise.
+    """
+    for signum in INTERRUPTS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def pending(wakeup_fd: int) -> list[int]:
     """The interrupts and notices that arrived since the last call, in order (others dropped)."""
     try:
