@@ -43,15 +43,15 @@ from types import TracebackType
 from typing import Self
 
 from gpulaunch.errors import JobExistsError, SupervisorError
-from gpulaunch.model import JobSpec
-from gpulaunch.supervisor import SupervisorEvents, Watch
-from gpulaunch.supervisor.cgroups import Cgroup
-from gpulaunch.supervisor.linux import (
+from gpulaunch.linux import (
     become_subreaper,
     inotify_events,
     inotify_init,
     inotify_watch,
 )
+from gpulaunch.model import JobSpec
+from gpulaunch.supervisor import SupervisorEvents, Watch
+from gpulaunch.supervisor.cgroups import Cgroup
 from gpulaunch.supervisor.pgroups import Proc, descendants, reap_adopted, signal_all
 
 CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed ranks to leave their cgroups at the end

@@ -17,7 +17,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpulaunch.supervisor.linux import set_parent_death_signal
+from gpulaunch.linux import set_parent_death_signal
 from gpulaunch.watcher import nofile
 
 # Exit codes of a child that never reached the script.

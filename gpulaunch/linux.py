@@ -14,6 +14,9 @@ PR_SET_PDEATHSIG = 1  # prctl(2): a signal for us when our parent thread dies
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans of our descendants become our children
 
 IN_MODIFY = 0x00000002  # inotify(7)
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_TO = 0x00000080
+IN_Q_OVERFLOW = 0x00004000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
@@ -43,21 +46,28 @@ def inotify_init() -> int:
     return _check(_libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC), "inotify_init1")
 
 
-def inotify_watch(fd: int, path: str, mask: int = IN_MODIFY) -> int:
+def inotify_watch(fd: int, path: str | os.PathLike[str], mask: int = IN_MODIFY) -> int:
     """Watch `path`; returns the watch descriptor that its events carry."""
-    return _check(_libc.inotify_add_watch(fd, os.fsencode(path), mask), f"inotify {path}")
+    wd = _libc.inotify_add_watch(fd, os.fsencode(path), ctypes.c_uint32(mask))
+    return _check(wd, f"inotify {os.fspath(path)}")
 
 
-def inotify_events(fd: int) -> list[int]:
-    """The watch descriptors of the events waiting on `fd` (none: an empty list)."""
-    out: list[int] = []
+def inotify_read(fd: int) -> list[tuple[int, int, bytes]]:
+    """Every event waiting on `fd` as (watch descriptor, mask, name); none: []."""
+    out: list[tuple[int, int, bytes]] = []
     while True:
         try:
-            data = os.read(fd, 4096)
+            data = os.read(fd, 64 * 1024)
         except BlockingIOError:
             return out
         offset = 0
         while offset + _EVENT.size <= len(data):
-            wd, _mask, _cookie, length = _EVENT.unpack_from(data, offset)
-            out.append(wd)
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
+            out.append((wd, mask, name))
             offset += _EVENT.size + length
+
+
+def inotify_events(fd: int) -> list[int]:
+    """The watch descriptors of the events waiting on `fd` (none: an empty list)."""
+    return [wd for wd, _mask, _name in inotify_read(fd)]
