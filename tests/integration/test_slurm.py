@@ -225,6 +225,36 @@ def test_scancel_stops_every_rank_on_every_node(cluster: Cluster, jobdir: Path) 
     assert leftovers(cluster, jobdir) == []
 
 
+def test_slurms_usr1_is_a_notice_not_a_stop(cluster: Cluster, jobdir: Path) -> None:
+    """`#SBATCH --signal=USR1@90`'s warning, sent now: every rank gets it and the job goes on.
+
+    (`scancel --signal` signals every process of the step, as the time-limit warning does:
+    the ranks may get it from Slurm and from the watcher; one is enough here.)"""
+    name = f"usr1-{uuid.uuid4().hex[:6]}"
+    argv = [
+        *("srun", "-N", str(NODES), "--ntasks-per-node", "1", "-J", name),
+        *(GPULAUNCH, "start", "--nproc", "2", RANK_SCRIPT, "--dir", str(jobdir)),
+        *("--until-usr1", "1"),  # each rank exits 0 once it got SIGUSR1 (its checkpoint)
+    ]
+    srun = cluster.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(list(jobdir.glob("rank*.ready"))) == 4, 120, "4 ranks ready")
+        job_id = job_id_of(cluster, name)
+        start = time.monotonic()
+        cluster.run(["scancel", "--signal=USR1", job_id], check=True)
+        _, err = srun.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if srun.poll() is None:
+            srun.kill()
+            srun.wait()
+    print(f"\nscancel --signal=USR1 → ranks notified, srun exited {srun.returncode}: {took:.2f} s")
+    assert srun.returncode == 0, err
+    assert sorted(p.name for p in jobdir.glob("rank*.usr1")) == [f"rank{r}.usr1" for r in range(4)]
+    assert cluster.job_field(job_id, "ExitCode") == "0:0"
+    assert leftovers(cluster, jobdir) == []
+
+
 def test_two_tasks_per_node_is_refused_in_one_line(cluster: Cluster, jobdir: Path) -> None:
     argv = [
         *("srun", "-N1", "--ntasks-per-node", "2"),
