@@ -100,12 +100,24 @@ def live(cluster: Cluster, node: int, pids: list[int]) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def ready(srun: subprocess.Popen[str], jobdir: Path) -> None:
+    """Wait until the 4 ranks are ready; fail at once, with srun's output, if srun ended."""
+    wait_until(
+        lambda: srun.poll() is not None or len(list(jobdir.glob("rank*.ready"))) == 4,
+        120,
+        "4 ranks ready",
+    )
+    if srun.poll() is not None:
+        out, err = srun.communicate()
+        raise AssertionError(f"srun exited {srun.returncode} before 4 ranks were ready: {err}")
+
+
 def leftovers(cluster: Cluster, jobdir: Path) -> list[str]:
-    """What a job left on any node: a process naming its directory, a gpulaunch cgroup."""
+    """What a job left on any node: a process naming its directory, a job's cgroup."""
     found = []
     for node in range(NODES):
         found += [f"node {node}: {p}" for p in cluster.processes(node, str(jobdir))]
-        cgroups = cluster.sh("find /sys/fs/cgroup -type d -name 'gpulaunch*'", node).split()
+        cgroups = cluster.sh("find /sys/fs/cgroup -type d -name 'gpulaunch-*'", node).split()
         found += [f"node {node}: cgroup {c}" for c in cgroups]
     return found
 
@@ -198,7 +210,7 @@ def test_scancel_stops_every_rank_on_every_node(cluster: Cluster, jobdir: Path) 
     ]
     srun = cluster.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: len(list(jobdir.glob("rank*.ready"))) == 4, 120, "4 ranks ready")
+        ready(srun, jobdir)
         pids = {r: int((jobdir / f"rank{r}.pid").read_text()) for r in range(4)}
         per_node = {node: [pids[r] for r in range(4) if r // 2 == node] for node in range(NODES)}
         assert all(live(cluster, n, p) == p for n, p in per_node.items())
@@ -238,7 +250,7 @@ def test_slurms_usr1_is_a_notice_not_a_stop(cluster: Cluster, jobdir: Path) -> N
     ]
     srun = cluster.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: len(list(jobdir.glob("rank*.ready"))) == 4, 120, "4 ranks ready")
+        ready(srun, jobdir)
         job_id = job_id_of(cluster, name)
         start = time.monotonic()
         cluster.run(["scancel", "--signal=USR1", job_id], check=True)
