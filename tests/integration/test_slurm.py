@@ -39,7 +39,7 @@ with open("/proc/self/cgroup") as f:
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
         "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_STEP_ID")
 record = {k: os.environ.get(k) for k in keys}
-record.update(argv=sys.argv[1:], cgroup=cgroup, host=os.uname().nodename, ppid=os.getppid())
+record.update(argv=sys.argv[1:], cgroup=cgroup, host=os.uname().nodename)
 with open(f"rank{os.environ['RANK']}.json", "w") as f:
     json.dump(record, f)
 '''
@@ -163,7 +163,7 @@ def test_the_docs_sbatch_script_on_two_nodes(cluster: Cluster, jobdir: Path) -> 
     output = "".join(p.read_text() for p in jobdir.glob("slurm-*.out"))
     assert res.returncode == 0, f"{res.stderr}\n{output}"
     runtime = cluster.job_field(job_id, "RunTime")
-    # sbatch --wait polls for the job's end (every 10 s at first); RunTime is Slurm's own.
+    # sbatch --wait learns of the end by polling (10 s here); RunTime is Slurm's own measure.
     what = f"docs/multinode.md's sbatch script, {NODES} nodes x 2 ranks"
     print(f"\n{what}: RunTime {runtime}, sbatch --wait {took:.2f} s")
     assert cluster.job_field(job_id, "ExitCode") == "0:0"
