@@ -129,7 +129,12 @@ class Sampler:
         total = _total(ranks)
         if not any(r.gpu_memory is not None or r.gpu_util is not None for r in ranks):
             if "gpu" not in missing and isinstance(self.gpus, Gpus):
-                missing["gpu"] = "no process of these ranks is on a GPU"
+                missing["gpu"] = (
+                    "NVML names the processes on a GPU by the host's pids, which this pid "
+                    "namespace (a container) cannot see"
+                    if on_gpu and nested_pid_namespace()
+                    else "no process of these ranks is on a GPU"
+                )
         return JobSample(
             ranks=tuple(ranks),
             total=total,
@@ -283,3 +288,15 @@ def measure(view: JobView, sampler: Sampler, interval: float) -> JobSample:
     sampler.sample(ranks, known)
     time.sleep(interval)  # the measuring window of CPU %, not a wait for an event
     return sampler.sample(ranks, known)
+
+
+def nested_pid_namespace(root: Path = Path("/")) -> bool:
+    """Whether we run in a pid namespace below the host's (`NSpid:` has more than one pid)."""
+    try:
+        status = (root / "proc/self/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) > 2
+    return False

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from gpulaunch.jobapi.view import JobState, JobView, RankView
@@ -36,7 +37,7 @@ from gpulaunch.resources.final import (
     usage,
 )
 from gpulaunch.resources.nvml import Gpus, open_gpus
-from gpulaunch.resources.sample import RankTarget, Sampler, targets
+from gpulaunch.resources.sample import RankTarget, Sampler, nested_pid_namespace, targets
 from gpulaunch.resources.view import render
 
 GiB = 1 << 30
@@ -341,3 +342,13 @@ def _text(renderable: Any) -> str:
     buf = io.StringIO()
     Console(file=buf, width=200, color_system=None).print(renderable)
     return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("nspid", "nested"), [("NSpid:\t4711\n", False), ("NSpid:\t4711\t12\n", True), ("", False)]
+)
+def test_nested_pid_namespace(tmp_path: Path, nspid: str, nested: bool) -> None:
+    """In a container NVML's host pids are not ours: the GPU column says why it is empty."""
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/status").write_text(f"Name:\tpython3\n{nspid}Uid:\t0\n")
+    assert nested_pid_namespace(tmp_path) is nested
