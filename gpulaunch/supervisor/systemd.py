@@ -56,6 +56,10 @@ class SystemdSupervisor:
         self._reconnected = False
         self._gang_stop_asked = False  # then jobs on the ranks' units are ours
         self._outside = False  # a stop from outside was reported
+        # Until the watcher's scope runs, the jobs systemd queues on the job slice are
+        # the start jobs our anchor's start pulls in (the slice as an aux unit): not
+        # stops, and their paths are not ours to know.
+        self._created = False
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -91,6 +95,7 @@ class SystemdSupervisor:
             # needs to run for that.
             await self._done(created, name)
             await self._done(self._start(units.watcher, watcher_pids), units.watcher.name)
+            self._created = True
         except BaseException:
             self._outside = True  # the stop jobs that follow are ours
             self._call(lambda: self.sd.stop_unit(units.job_slice.name))
@@ -270,6 +275,7 @@ class SystemdSupervisor:
         if (
             ours
             or self._outside
+            or not self._created
             or not (unit in job or (unit in gang and not self._gang_stop_asked))
         ):
             return
