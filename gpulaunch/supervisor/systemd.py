@@ -60,6 +60,7 @@ class SystemdSupervisor:
         # the start jobs our anchor's start pulls in (the slice as an aux unit): not
         # stops, and their paths are not ours to know.
         self._created = False
+        self._rank_stops: set[str] = set()  # stop jobs of stop_ranks (the error-file stop)
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -163,7 +164,9 @@ class SystemdSupervisor:
     def stop_ranks(self, ranks: Sequence[int]) -> None:
         """StopUnit on each rank's scope (SIGTERM, SIGKILL after TimeoutStopSec=)."""
         for rank in ranks:
-            self.sd.stop_unit(self.units.ranks[rank].name)
+            path = self.sd.stop_unit(self.units.ranks[rank].name)
+            if path is not None:  # ours: not a stop from outside (_queued)
+                self._rank_stops.add(path)
         self._on_bus()
 
     def kill_gang(self) -> None:
@@ -269,7 +272,12 @@ class SystemdSupervisor:
         gang stop are ours too.
         """
         units = self.units
-        ours = path in self._awaited or path in self._rank_jobs or path == self._stop_job
+        ours = (
+            path in self._awaited
+            or path in self._rank_jobs
+            or path == self._stop_job
+            or path in self._rank_stops
+        )
         gang = {units.ranks_slice.name, *(r.name for r in units.ranks)}
         job = {units.job_slice.name, units.watcher.name}
         if (

@@ -28,7 +28,11 @@ from gpulaunch.watcher.loop import Watcher
 
 
 class FakeSystemd:
-    """Units are names with pids; every job is done as soon as it is queued."""
+    """Units are names with pids; every job is done as soon as it is queued.
+
+    As systemd does, each job is announced (`JobNew`) before it is removed, and a start
+    with aux units queues a start job for each of them under a path nobody is told.
+    """
 
     def __init__(self, fail_start: str | None = None, start_result: str = "done") -> None:
         self._r, self._w = os.pipe()
@@ -44,7 +48,7 @@ class FakeSystemd:
     def _job(self, unit: str, result: str = "done") -> str:
         self._n += 1
         path = f"/org/freedesktop/systemd1/job/{self._n}"
-        self.queue.append(JobDone(path, unit, result))
+        self.queue += [JobQueued(path, unit), JobDone(path, unit, result)]
         os.write(self._w, b"x")
         return path
 
@@ -65,6 +69,8 @@ class FakeSystemd:
         if any(unit in self.units for unit in (name, *(u for u, _ in aux))):
             raise JobExistsError(f"unit {name} already exists")
         self.units.update((unit, []) for unit, _ in aux)
+        for unit, _ in aux:  # pulled in by the start job: a job of its own, path unknown
+            self._job(unit)
         self.units[name] = list(pids)
         return self._job(
             name, self.start_result if name.endswith(".scope") and "-rank" in name else "done"
