@@ -1,8 +1,10 @@
-"""`python -m bench [--quick] [--only N[,N...]] [--reps N] [--out DIR]`.
+"""`python -m bench [--quick] [--only N[,N...]] [--launchers L[,L...]] [--reps N] [--out DIR]`.
 
-Runs the scenarios of bench/scenarios/ under gpulaunch and under `torchrun --standalone` (and
-scenario 7, three nodes on loopback, under both launchers' multi-node options) and
-writes `<out>/<date>.md` and `<date>.json` (full run: bench/results/; --quick:
+Runs the scenarios of bench/scenarios/ under gpulaunch (its systemd supervisor, its
+direct supervisor, and an ordinary user's job through the front end, where the scenario
+applies) and under `torchrun --standalone` (and scenario 7, three nodes on loopback,
+under gpulaunch's and torchrun's multi-node options) and
+writes `<out>/<date>[-TAG].md` and `.json` (full run: bench/results/; --quick:
 bench/.scratch/, a smoke test that asserts no timing). Where the host runs no
 systemd, it re-runs itself inside the project's throwaway systemd
 (`python -m sdbox run -- python -m bench ...`), so both launchers run in the same box.
@@ -26,11 +28,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from bench import machine
+from bench import frontend, machine
 from bench.context import Config, Context
-from bench.launchers import Launcher
+from bench.launchers import LAUNCHERS, Launcher
 from bench.report import Results, as_json, markdown, table
 from bench.scenarios import SCENARIOS
+
+KEYS = [s.key for s in SCENARIOS]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -49,8 +53,16 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="N[,N]",
-        help=f"run only these scenarios (1-{len(SCENARIOS)}); repeatable",
+        help=f"run only these scenarios ({', '.join(KEYS)}); repeatable",
     )
+    p.add_argument(
+        "--launchers",
+        action="append",
+        default=[],
+        metavar="L[,L]",
+        help=f"run only these launchers ({', '.join(LAUNCHERS)}); repeatable; torchrun always",
+    )
+    p.add_argument("--tag", help="name the results <date>-TAG.md and .json")
     p.add_argument("--reps", type=int, help="repetitions per launcher (default: 5, quick: 1)")
     p.add_argument("--out", type=Path, help="directory for <date>.md and .json")
     p.add_argument(
@@ -67,21 +79,31 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(args_list)
-    try:
-        only = {int(n) for item in args.only for n in item.split(",") if n}
-    except ValueError:
-        print("bench: error: --only takes scenario numbers, e.g. --only 1,3", file=sys.stderr)
+    only = {n for item in args.only for n in item.split(",") if n}
+    if not only <= set(KEYS):
+        print(
+            f"bench: error: no scenario {', '.join(sorted(only - set(KEYS)))}; "
+            f"they are {', '.join(KEYS)}, e.g. --only 1,1r,3",
+            file=sys.stderr,
+        )
         return 2
-    if not only <= {s.number for s in SCENARIOS}:
-        print(f"bench: error: scenarios are numbered 1 to {len(SCENARIOS)}", file=sys.stderr)
+    wanted = {n for item in args.launchers for n in item.split(",") if n}
+    if not wanted <= set(LAUNCHERS):
+        print(
+            f"bench: error: no launcher {', '.join(sorted(wanted - set(LAUNCHERS)))}; "
+            f"they are {', '.join(LAUNCHERS)}",
+            file=sys.stderr,
+        )
         return 2
+    chosen = tuple(x for x in LAUNCHERS if not wanted or x in wanted or not x.ours)
     if not _systemd_running():
         return _rerun_in_box(args_list)
     config = Config.quick() if args.quick else Config()
     if args.reps is not None:
         config = _with_reps(config, args.reps)
     out = args.out or (SCRATCH / "quick" if args.quick else RESULTS)
-    return _run(config, only, out, "quick" if args.quick else "full", args_list, args.snapshot)
+    mode = "quick" if args.quick else "full"
+    return _run(config, only, chosen, out, mode, args_list, args.snapshot, args.tag)
 
 
 def _systemd_running() -> bool:
@@ -103,7 +125,14 @@ def _with_reps(config: Config, reps: int) -> Config:
 
 
 def _run(
-    config: Config, only: set[int], out: Path, mode: str, args: list[str], snapshot: str | None
+    config: Config,
+    only: set[str],
+    chosen: tuple[Launcher, ...],
+    out: Path,
+    mode: str,
+    args: list[str],
+    snapshot: str | None,
+    tag: str | None,
 ) -> int:
     shutil.rmtree(SCRATCH, ignore_errors=True)
     SCRATCH.mkdir(parents=True)
@@ -124,35 +153,43 @@ def _run(
             print(f"bench: error: cannot export {snapshot}: {exc.stderr.strip()}", file=sys.stderr)
             return 2
         results.machine["gpulaunch"] = _snapshot_label(snapshot)
-    if not _warm_up(ctx):
+    scenarios = [s for s in SCENARIOS if not only or s.key in only]
+    chosen = tuple(x for x in chosen if any(x in s.launchers for s in scenarios))
+    if Launcher.FRONTEND in chosen:
+        try:
+            frontend.prepare(SCRATCH, bool(os.environ.get(machine.IN_BOX)))
+        except frontend.Unavailable as exc:
+            ctx.problem(f"gpulaunch frontend not measured: {exc}")
+            chosen = tuple(x for x in chosen if x is not Launcher.FRONTEND)
+    if not _warm_up(ctx, chosen):
         print("bench: error: a launcher cannot run a trivial job; see above", file=sys.stderr)
         return 1
     crashed = False
-    for scenario in SCENARIOS:
-        if only and scenario.number not in only:
-            continue
-        ctx.say(f"scenario {scenario.number}: {scenario.name}")
+    for scenario in scenarios:
+        ctx.launchers = tuple(x for x in scenario.launchers if x in chosen)
+        ctx.say(f"scenario {scenario.key}: {scenario.name} ({', '.join(ctx.launchers)})")
         t0, cpu0, first_run = time.monotonic(), machine.read_cpu(), len(ctx.run_loads)
         try:
             metrics = scenario.run(ctx)
         except Exception:
             crashed = True
-            ctx.problem(f"scenario {scenario.number} crashed: {traceback.format_exc()}")
+            ctx.problem(f"scenario {scenario.key} crashed: {traceback.format_exc()}")
             continue
         other_s, share = machine.other_load(cpu0, machine.read_cpu())
         took = time.monotonic() - t0
         results.load.append(
-            f"scenario {scenario.number} ({took:.0f} s): other work on the machine used "
+            f"scenario {scenario.key} ({took:.0f} s): other work on the machine used "
             f"{other_s:.1f} CPU s, {share:.0%} of its CPUs" + _busy_runs(ctx.run_loads[first_run:])
         )
-        ctx.say(f"scenario {scenario.number} took {took:.0f} s; {results.load[-1]}")
+        ctx.say(f"scenario {scenario.key} took {took:.0f} s; {results.load[-1]}")
         results.scenarios.append((scenario, metrics))
     results.total_s = time.monotonic() - started
     results.machine["load average at the end"] = machine.loadavg()
     results.problems = ctx.problems
     results.run_loads = [(what, str(launcher), share) for what, launcher, share in ctx.run_loads]
     out.mkdir(parents=True, exist_ok=True)
-    md, js = out / f"{results.date}.md", out / f"{results.date}.json"
+    stem = results.date + (f"-{tag}" if tag else "")
+    md, js = out / f"{stem}.md", out / f"{stem}.json"
     md.write_text(markdown(results))
     js.write_text(as_json(results))
     ctx.say(f"done in {results.total_s:.0f} s: {md} and {js}")
@@ -217,12 +254,12 @@ def _snapshot_label(rev: str) -> str:
     )
 
 
-def _warm_up(ctx: Context) -> bool:
-    """Untimed: bring torch and both launchers into the page cache; False if one fails."""
+def _warm_up(ctx: Context, chosen: tuple[Launcher, ...]) -> bool:
+    """Untimed: bring torch and the launchers into the page cache; False if one fails."""
     ctx.say("warm-up (not measured)")
     subprocess.run([sys.executable, "-c", "import torch"], check=False)
     ok = True
-    for launcher in (Launcher.GPULAUNCH, Launcher.TORCHRUN):
+    for launcher in chosen:
         run = ctx.start(launcher, 2, "hello", [], "warm", capture=True)
         run.drain(ctx.config.run_cap_s)
         ctx.check_status(run, "warm-up", {0})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import launchers, machine
-from bench.launchers import Launcher, Run
+from bench.launchers import LAUNCHERS, Launcher, Node, Run
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class Context:
     config: Config
     scratch: Path
     problems: list[str] = field(default_factory=list)  # anomalies worth reporting
+    # The launchers of the scenario that runs now (its own, less those not available here).
+    launchers: tuple[Launcher, ...] = LAUNCHERS
     launch_env: dict[str, str] = field(default_factory=dict)  # e.g. PYTHONPATH of a snapshot
     # Share of the machine's CPUs that other work used during each run: (what, launcher, share).
     run_loads: list[tuple[str, Launcher, float]] = field(default_factory=list)
@@ -88,7 +90,7 @@ class Context:
         return run
 
     def start_node(
-        self, launcher: Launcher, node: launchers.Node, nproc: int, script: str, args: Sequence[str]
+        self, launcher: Launcher, node: Node, nproc: int, script: str, args: Sequence[str]
     ) -> Run:
         """Start one node's launcher of a multi-node job (launchers.py), logs in the scratch.
 
@@ -108,6 +110,10 @@ class Context:
             self._cpu_at_start[run.token] = reading
         return run
 
+    def order(self, rep: int) -> tuple[Launcher, ...]:
+        """This repetition's launchers, in the order to run them (launchers.order)."""
+        return launchers.order(rep, self.launchers)
+
     def say(self, text: str) -> None:
         print(f"bench: {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
@@ -115,6 +121,7 @@ class Context:
         """A fresh directory for one run's stamps, visible to its ranks."""
         d = self.scratch / f"{token_label}-{time.monotonic_ns()}"
         d.mkdir(parents=True)
+        d.chmod(0o777)  # the front end's ranks run as an ordinary user
         return d
 
     def finish(self, run: Run, what: str, leftovers_expected: bool = False) -> None:

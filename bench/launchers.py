@@ -1,9 +1,20 @@
-"""The two launchers under test, and one started run of either.
+"""The launchers under test, and one started run of any of them.
 
-Both run the same rank script on the same machine with the same arguments:
+All run the same rank script on the same machine with the same arguments:
 
-    gpulaunch start --nproc N --job TOKEN SCRIPT ARGS...
+    gpulaunch start --supervisor systemd --nproc N --job TOKEN SCRIPT ARGS...   (systemd)
+    gpulaunch start --supervisor direct --nproc N --job TOKEN SCRIPT ARGS...    (direct)
+    systemd-run --scope --slice=user-UID.slice --unit=session-TOKEN \
+        setpriv --reuid UID --regid GID --init-groups \
+        gpulaunch start --supervisor systemd --nproc N ...                       (frontend)
     torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node N SCRIPT ARGS...
+
+`frontend` is an ordinary user (bench/frontend.py makes one, lingering) whose
+command runs where sshd with pam_systemd puts a login shell, a `session-*.scope`
+in root's `user-UID.slice`: their user manager cannot adopt it, so gpulaunch runs
+its front end there and the watcher as a service of the user manager. `setpriv`
+rather than `runuser`: it execs, so the process we start and time is the front end
+itself (systemd-run --scope execs too), not a PAM parent that waits for it.
 
 `--local-addr 127.0.0.1` because torchrun otherwise hands the ranks the machine's
 hostname as MASTER_ADDR, and the box's hostname (its own UTS namespace) does not
@@ -37,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from bench import procs
+from bench import frontend, procs
 
 BIN = Path(sys.executable).parent
 RANKS = Path(__file__).resolve().parent / "ranks"
@@ -46,18 +57,40 @@ NODE_GRACE_S = 10  # gpulaunch's default, spelled out: how long a stopped rank g
 
 
 class Launcher(enum.StrEnum):
-    """A launcher under test; `gpulaunch` is ours."""
+    """A launcher under test: gpulaunch in three ways, and torchrun to compare with."""
 
-    GPULAUNCH = "gpulaunch"
+    SYSTEMD = "systemd"  # gpulaunch --supervisor systemd, as root: the system manager
+    DIRECT = "direct"  # gpulaunch --supervisor direct: the watcher supervises the ranks
+    FRONTEND = "frontend"  # an ordinary user from a login session: the front end (issue 14)
     TORCHRUN = "torchrun"
 
+    @property
+    def label(self) -> str:
+        """How the report names it."""
+        return "torchrun" if self is Launcher.TORCHRUN else f"gpulaunch {self.value}"
 
-LAUNCHERS = (Launcher.GPULAUNCH, Launcher.TORCHRUN)
+    @property
+    def ours(self) -> bool:
+        return self is not Launcher.TORCHRUN
+
+    @property
+    def supervisor(self) -> str:
+        """gpulaunch's --supervisor for this launcher."""
+        return "direct" if self is Launcher.DIRECT else "systemd"
 
 
-def order(rep: int) -> tuple[Launcher, Launcher]:
-    """Interleave: each repetition runs both, alternating which goes first."""
-    return LAUNCHERS if rep % 2 == 0 else LAUNCHERS[::-1]
+LAUNCHERS = tuple(Launcher)  # every launcher, in the report's column order
+OURS = tuple(launcher for launcher in LAUNCHERS if launcher.ours)
+TWO = (Launcher.SYSTEMD, Launcher.TORCHRUN)  # what scenario 7 (several nodes) compares
+
+
+def order(rep: int, among: Sequence[Launcher] = LAUNCHERS) -> tuple[Launcher, ...]:
+    """Interleave: each repetition runs each, rotating which goes first."""
+    among = tuple(among)
+    if not among:
+        return ()
+    at = rep % len(among)
+    return among[at:] + among[:at]
 
 
 def new_token(label: str) -> str:
@@ -83,10 +116,13 @@ def command(
     with rank prefixes and to log files), what gpulaunch's live view does anyway.
     """
     script_args = [*args, "--token", token]
-    if launcher is Launcher.GPULAUNCH:
+    if launcher.ours:
         return [
+            *(frontend.prefix(token) if launcher is Launcher.FRONTEND else []),
             str(BIN / "gpulaunch"),
             "start",
+            "--supervisor",
+            launcher.supervisor,
             "--nproc",
             str(nproc),
             "--job",
@@ -139,10 +175,12 @@ def node_command(
         "--local-addr",
         LOOPBACK,
     ]
-    if launcher is Launcher.GPULAUNCH:
+    if launcher.ours:
         return [
             str(BIN / "gpulaunch"),
             "start",
+            "--supervisor",
+            launcher.supervisor,
             "--job",
             node.token,
             "--rdzv-id",
@@ -173,11 +211,16 @@ def free_port() -> int:
         return port
 
 
-def environment(token: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def environment(
+    token: str, extra: Mapping[str, str] | None = None, launcher: Launcher | None = None
+) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra or {})
     env[procs.TOKEN_VAR] = token
     env.pop("OMP_NUM_THREADS", None)  # both launchers set 1 unless it is set
+    if launcher is Launcher.FRONTEND:
+        env.update(frontend.login_environment())
+        env.pop("DBUS_SESSION_BUS_ADDRESS", None)
     return env
 
 
@@ -269,11 +312,11 @@ class Run:
         killed = procs.kill_token(self.token, cap)
         if killed:
             leftovers.append(f"{killed} job processes killed")
-        if self.launcher is Launcher.GPULAUNCH:
-            units = job_units(self.token)
+        if self.launcher.ours:
+            units = job_units(self.token, self.launcher)
             if units:
                 leftovers.append(f"units left: {' '.join(units)}")
-                stop_job(self.token)
+                stop_job(self.token, self.launcher)
         return leftovers
 
 
@@ -327,7 +370,7 @@ def _spawn(
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
-            env=environment(token, extra_env),
+            env=environment(token, extra_env, launcher),
         )
     finally:
         stderr.close()
@@ -348,10 +391,20 @@ def stderr_tail(run: Run, log_dir: Path, lines: int = 8) -> str:
     return "\n".join(stderr_text(run, log_dir).splitlines()[-lines:])
 
 
-def job_units(token: str) -> list[str]:
-    """The gpulaunch job's units that systemd still knows, in any state."""
+def _systemctl(launcher: Launcher) -> list[str]:
+    """systemctl for the manager that runs the job: root's, or the front end user's."""
+    if launcher is Launcher.FRONTEND:
+        return ["systemctl", "--user", "--machine", f"{frontend.USER}@"]
+    return ["systemctl"]
+
+
+def job_units(token: str, launcher: Launcher = Launcher.SYSTEMD) -> list[str]:
+    """The gpulaunch job's units that systemd still knows, in any state (none: direct)."""
+    if launcher is Launcher.DIRECT:
+        return []
     out = subprocess.run(
-        ["systemctl", "list-units", "--all", "--plain", "--no-legend", f"gpulaunch-{token}*"],
+        [*_systemctl(launcher), "list-units", "--all", "--plain", "--no-legend"]
+        + [f"gpulaunch-{token}*"],
         capture_output=True,
         text=True,
         check=False,
@@ -359,16 +412,15 @@ def job_units(token: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def stop_job(token: str) -> None:
-    subprocess.run(
-        ["systemctl", "stop", f"gpulaunch-{token}.slice"], capture_output=True, check=False
-    )
+def stop_job(token: str, launcher: Launcher = Launcher.SYSTEMD) -> None:
+    for unit in (f"gpulaunch-{token}-launch.service", f"gpulaunch-{token}.slice"):
+        subprocess.run([*_systemctl(launcher), "stop", unit], capture_output=True, check=False)
 
 
-def wait_units_gone(token: str, cap: float) -> float | None:
+def wait_units_gone(token: str, cap: float, launcher: Launcher = Launcher.SYSTEMD) -> float | None:
     """Seconds until systemd no longer lists any unit of the job; None after `cap`."""
     start = time.monotonic()
-    while job_units(token):
+    while job_units(token, launcher):
         if time.monotonic() - start > cap:
             return None
         time.sleep(0.05)

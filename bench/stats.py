@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.launchers import Launcher
+from bench.launchers import LAUNCHERS, Launcher
 
 Samples = dict[Launcher, list[float | None]]  # None: no value (e.g. not gone within a cap)
 
@@ -35,8 +35,16 @@ class Summary:
         )
 
 
-# A verdict: given our summary and torchrun's, a one-line judgement.
-Judge = Callable[[Summary, Summary], str]
+@dataclass(frozen=True)
+class Judge:
+    """A row's target, and one gpulaunch launcher's short verdict against it.
+
+    `check(ours, torchrun's)` says e.g. "met 0.30×" or "MISSED 0.45× (1.4× over)"; the
+    row's verdict is the target once, then each launcher's check.
+    """
+
+    target: str
+    check: Callable[[Summary, Summary], str]
 
 
 @dataclass
@@ -59,17 +67,27 @@ class Metric:
     def summary(self, launcher: Launcher) -> Summary:
         return Summary.of(self.samples.get(launcher, []))
 
-    def ratio(self) -> float | None:
-        ours = self.summary(Launcher.GPULAUNCH).median
-        theirs = self.summary(Launcher.TORCHRUN).median
-        if ours is None or theirs is None or theirs == 0:
-            return None
-        return ours / theirs
+    def ran(self) -> list[Launcher]:
+        """The launchers this row has samples of, in the report's order."""
+        return [launcher for launcher in LAUNCHERS if launcher in self.samples]
+
+    def ratio(self, launcher: Launcher) -> float | None:
+        """`launcher`'s median / torchrun's."""
+        return _ratio(self.summary(launcher), self.summary(Launcher.TORCHRUN))
+
+    def ratios(self) -> dict[str, float | None]:
+        return {launcher.value: self.ratio(launcher) for launcher in self.ran() if launcher.ours}
 
     def verdict(self) -> str:
         if self.judge is None:
             return ""
-        return self.judge(self.summary(Launcher.GPULAUNCH), self.summary(Launcher.TORCHRUN))
+        theirs = self.summary(Launcher.TORCHRUN)
+        checks = [
+            f"{launcher.value} {self.judge.check(self.summary(launcher), theirs)}"
+            for launcher in self.ran()
+            if launcher.ours
+        ]
+        return f"{self.judge.target}: " + "; ".join(checks)
 
 
 def _ratio(ours: Summary, theirs: Summary) -> float | None:
@@ -81,43 +99,44 @@ def _ratio(ours: Summary, theirs: Summary) -> float | None:
 def ratio_at_most(limit: float, label: str) -> Judge:
     """Target: our median at most `limit` times torchrun's."""
 
-    def judge(ours: Summary, theirs: Summary) -> str:
+    def check(ours: Summary, theirs: Summary) -> str:
         r = _ratio(ours, theirs)
         if r is None:
-            return f"no verdict: a median is missing (target ≤ {label} of torchrun's)"
+            return "no verdict (a median is missing)"
         if r <= limit:
-            return f"met: {r:.2f}× torchrun's (target ≤ {label})"
-        return f"MISSED: {r:.2f}× torchrun's, target ≤ {label} ({r / limit:.1f}× over)"
+            return f"met {r:.2f}×"
+        return f"MISSED {r:.2f}× ({r / limit:.1f}× over)"
 
-    return judge
+    return Judge(f"target ≤ {label} of torchrun's", check)
 
 
 def below(limit: float, unit: str) -> Judge:
     """Target: our median below an absolute bound."""
 
-    def judge(ours: Summary, theirs: Summary) -> str:
+    def check(ours: Summary, theirs: Summary) -> str:
         m = ours.median
         if m is None or ours.missing:
-            return f"MISSED: not every run got there (target < {limit:g} {unit})"
+            return "MISSED (not every run got there)"
         if m < limit:
-            return f"met: {m:.3g} {unit} (target < {limit:g} {unit})"
-        return f"MISSED: {m:.3g} {unit}, target < {limit:g} {unit} (+{m - limit:.2f} {unit})"
+            return f"met {m:.3g} {unit}"
+        return f"MISSED {m:.3g} {unit} (+{m - limit:.2f} {unit})"
 
-    return judge
+    return Judge(f"target < {limit:g} {unit}", check)
 
 
 def compared(unit: str, lower_is_better: bool = True) -> Judge:
-    """No target: say who is faster (or smaller) and by how much."""
+    """No target: say whether each gpulaunch launcher is ahead of torchrun and by how much."""
 
-    def judge(ours: Summary, theirs: Summary) -> str:
+    def check(ours: Summary, theirs: Summary) -> str:
         r = _ratio(ours, theirs)
         if r is None:
-            return "info only"
-        better = r < 1 if lower_is_better else r > 1
-        word = "better" if better else "worse"
+            return "-"
         if abs(r - 1) < 0.05:
-            return f"info: on par ({r:.2f}×)"
+            return f"on par ({r:.2f}×)"
+        better = r < 1 if lower_is_better else r > 1
         factor = 1 / r if r < 1 else r
-        return f"info: gpulaunch {word}, {factor:.1f}× {'less' if r < 1 else 'more'} {unit}"
+        return (
+            f"{'ahead' if better else 'behind'}, {factor:.1f}× {'less' if r < 1 else 'more'} {unit}"
+        )
 
-    return judge
+    return Judge("info, against torchrun", check)

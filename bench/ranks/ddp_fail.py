@@ -2,7 +2,10 @@
 
 The other ranks are in that step's gradient all-reduce (DDP's backward) when it raises.
 Right before raising, the failing rank stamps `fail.<rank>` with time.time(): the
-failure's "last timestamp" from which the launcher's reaction is measured.
+failure's "last timestamp" from which the launcher's reaction is measured. Every rank
+stamps `up.<rank>` (its pid) once it joined the group. `--record` (scenario 1r): the
+entry point is wrapped in torch's `@record`, which writes the error file before the
+exception propagates.
 """
 
 from __future__ import annotations
@@ -25,10 +28,21 @@ def main() -> None:
     p.add_argument("--fail-rank", type=int, default=2)
     p.add_argument("--fail-step", type=int, default=3)
     p.add_argument("--settle", type=float, default=0.5, help="s to let the others block first")
+    p.add_argument("--record", action="store_true", help="wrap the entry point in @record")
     p.add_argument("--token", required=True)
     args = p.parse_args()
+    if args.record:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        record(train)(args)
+    else:
+        train(args)
+
+
+def train(args: argparse.Namespace) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    write_stamp(args.dir, "up", rank, time.time())
     torch.manual_seed(rank)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

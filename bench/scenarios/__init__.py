@@ -1,4 +1,11 @@
-"""The scenarios, in order: 1-6 on one node, then 7 (several nodes); each returns its rows."""
+"""The scenarios, in order: 1-6 on one node, then 7 (several nodes); each returns its rows.
+
+Each names the launchers it applies to: the front end (an ordinary user's job from a
+login session) is measured where it can change the result, failure and exit (1, 1r),
+its own death (2) and the launch (3); footprint, output and scale are the watcher's
+(the same as `systemd`'s, under the user manager). Scenario 7 runs several launchers
+per job and compares gpulaunch's systemd supervisor with torchrun.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.context import Context
+from bench.launchers import LAUNCHERS, TWO, Launcher
 from bench.scenarios import cross_node, failure, footprint, launch, output, scale, watcher_kill
 from bench.stats import Metric
+
+NO_FRONTEND = tuple(launcher for launcher in LAUNCHERS if launcher is not Launcher.FRONTEND)
 
 
 @dataclass(frozen=True)
 class Scenario:
-    number: int
+    key: str  # "1", "1r", ...: what --only takes
     name: str
     run: Callable[[Context], list[Metric]]
     doc: str
+    launchers: tuple[Launcher, ...] = LAUNCHERS
 
 
 def _doc(module: object) -> str:
@@ -23,11 +34,12 @@ def _doc(module: object) -> str:
 
 
 SCENARIOS = (
-    Scenario(1, "failure propagation", failure.run, _doc(failure)),
-    Scenario(2, "watcher killed", watcher_kill.run, _doc(watcher_kill)),
-    Scenario(3, "launch overhead", launch.run, _doc(launch)),
-    Scenario(4, "footprint", footprint.run, _doc(footprint)),
-    Scenario(5, "output volume", output.run, _doc(output)),
-    Scenario(6, "scale", scale.run, _doc(scale)),
-    Scenario(7, "cross-node stop", cross_node.run, _doc(cross_node)),
+    Scenario("1", "failure propagation", failure.run, _doc(failure)),
+    Scenario("1r", "failure propagation, @record", failure.run_record, failure.RECORD_DOC),
+    Scenario("2", "watcher killed", watcher_kill.run, _doc(watcher_kill)),
+    Scenario("3", "launch overhead", launch.run, _doc(launch)),
+    Scenario("4", "footprint", footprint.run, _doc(footprint), NO_FRONTEND),
+    Scenario("5", "output volume", output.run, _doc(output), NO_FRONTEND),
+    Scenario("6", "scale", scale.run, _doc(scale), NO_FRONTEND),
+    Scenario("7", "cross-node stop", cross_node.run, _doc(cross_node), TWO),
 )

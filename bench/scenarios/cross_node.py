@@ -93,7 +93,7 @@ def run(ctx: Context) -> list[Metric]:
     outcomes: dict[tuple[str, Launcher], list[Outcome]] = {}
     for rep in range(cfg.reps):
         for variant in VARIANTS:
-            for launcher in launchers.order(rep):
+            for launcher in ctx.order(rep):
                 o = _once(ctx, launcher, variant)
                 ctx.say(f"7 cross-node rep {rep + 1}/{cfg.reps} {variant} {launcher}: {_line(o)}")
                 if o.broken:
@@ -103,7 +103,7 @@ def run(ctx: Context) -> list[Metric]:
                 gone.add(launcher, o.others_gone)
                 exited.add(launcher, o.all_exited)
     for variant, (gone, exited) in rows.items():
-        for launcher in launchers.LAUNCHERS:
+        for launcher in ctx.launchers:
             done = outcomes.get((variant, launcher), [])
             for n in OTHER_NODES:
                 gone.extra[f"{launcher} node {n}: ranks gone"] = [o.gone.get(n) for o in done]
@@ -149,7 +149,7 @@ def _notes(launcher: Launcher, done: list[Outcome], broken: int, cap: float) -> 
     for n in range(NNODES):
         seen = Counter(o.causes.get(n, "-") for o in done)
         said = "; ".join(f"“{text}” ×{count}" for text, count in seen.most_common())
-        if launcher is Launcher.GPULAUNCH:
+        if launcher.ours:
             named = sum(1 for o in done if o.named.get(n))
             notes.append(
                 f"gpulaunch node {n}'s report names node {FAIL_NODE} and rank {FAIL_RANK} in "
@@ -164,14 +164,14 @@ def _judge(missing: str) -> Judge:
     """Who is faster; and how often a launcher did not get there within the cap."""
     timed = compared("time")
 
-    def judge(ours: Summary, theirs: Summary) -> str:
-        verdict = timed(ours, theirs)
-        for launcher, s in ((Launcher.GPULAUNCH, ours), (Launcher.TORCHRUN, theirs)):
+    def check(ours: Summary, theirs: Summary) -> str:
+        verdict = timed.check(ours, theirs)
+        for who, s in (("", ours), ("torchrun: ", theirs)):
             if s.missing:
-                verdict += f"; {launcher}: {missing} in {s.missing}/{s.n} runs"
+                verdict += f"; {who}{missing} in {s.missing}/{s.n} runs"
         return verdict
 
-    return judge
+    return Judge(timed.target, check)
 
 
 def _once(ctx: Context, launcher: Launcher, variant: str) -> Outcome:

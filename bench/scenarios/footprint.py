@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench import launchers, procs
+from bench import procs
 from bench.context import Context
 from bench.launchers import Launcher, Run
 from bench.stats import Judge, Metric, Summary, compared, ratio_at_most
@@ -43,7 +43,7 @@ def run(ctx: Context) -> list[Metric]:
         "4e", "launcher + its helper processes, PSS", "MiB", judge=compared("memory"), digits=1
     )
     for rep in range(cfg.footprint_reps):
-        for launcher in launchers.order(rep):
+        for launcher in ctx.order(rep):
             sample = _once(ctx, launcher)
             if sample is None:
                 for m in (rss, idle, wakeups, total, pss):
@@ -61,27 +61,23 @@ def run(ctx: Context) -> list[Metric]:
 
 
 def _near_zero() -> Judge:
-    def judge(ours: Summary, theirs: Summary) -> str:
+    def check(ours: Summary, theirs: Summary) -> str:
         m = ours.median
         if m is None:
-            return "no verdict: no sample"
-        target = f"target near zero: ≤ {NEAR_ZERO_PER_MIN:g} CPU s/min"
-        verdict = "met" if m <= NEAR_ZERO_PER_MIN else "MISSED"
-        return f"{verdict}: {m * 1000:.1f} CPU ms/min ({target})"
+            return "no verdict (no sample)"
+        return f"{'met' if m <= NEAR_ZERO_PER_MIN else 'MISSED'} {m * 1000:.1f} CPU ms/min"
 
-    return judge
+    return Judge(f"target near zero, ≤ {NEAR_ZERO_PER_MIN:g} CPU s/min", check)
 
 
 def _no_polling() -> Judge:
-    def judge(ours: Summary, theirs: Summary) -> str:
+    def check(ours: Summary, theirs: Summary) -> str:
         m = ours.median
         if m is None:
-            return "no verdict: no sample"
-        target = f"no polling: ≤ {POLLING_PER_MIN:g} wakeups/min"
-        verdict = "met" if m <= POLLING_PER_MIN else "MISSED"
-        return f"{verdict}: {m:.1f} wakeups/min ({target})"
+            return "no verdict (no sample)"
+        return f"{'met' if m <= POLLING_PER_MIN else 'MISSED'} {m:.1f}/min"
 
-    return judge
+    return Judge(f"no polling, ≤ {POLLING_PER_MIN:g} wakeups/min", check)
 
 
 def _once(ctx: Context, launcher: Launcher) -> dict[str, float] | None:

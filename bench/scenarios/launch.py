@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-from bench import launchers
 from bench.context import Context, fmt
 from bench.launchers import Launcher, Run
 from bench.stats import Metric, compared, ratio_at_most
@@ -31,7 +30,7 @@ def run(ctx: Context) -> list[Metric]:
             judge=compared("time"),
         )
         for rep in range(cfg.reps):
-            for launcher in launchers.order(rep):
+            for launcher in ctx.order(rep):
                 wall_s, last_s = _once(ctx, launcher, nproc)
                 wall.add(launcher, wall_s)
                 last.add(launcher, last_s)

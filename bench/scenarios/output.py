@@ -46,7 +46,7 @@ def run(ctx: Context) -> list[Metric]:
         "5b", "output: lines delivered to the terminal", "lines", judge=_no_loss(expected)
     )
     journal = Metric(
-        "5c", "output: lines in the journal (gpulaunch)", "lines", judge=_journal(expected)
+        "5c", "output: lines in the journal (gpulaunch systemd)", "lines", judge=_journal(expected)
     )
     cpu = Metric("5d", "output: CPU of launcher + ranks + helpers", "CPU s", judge=compared("CPU"))
     box_cpu = Metric(
@@ -54,13 +54,13 @@ def run(ctx: Context) -> list[Metric]:
     )
     shown.digits = journal.digits = 0
     for rep in range(cfg.reps):
-        for launcher in launchers.order(rep):
+        for launcher in ctx.order(rep):
             o = _once(ctx, launcher)
             wall.add(launcher, o.wall_s)
             shown.add(launcher, o.lines)
             cpu.add(launcher, o.tree_cpu_s)
             box_cpu.add(launcher, o.box_cpu_s)
-            if launcher is Launcher.GPULAUNCH:
+            if launcher is Launcher.SYSTEMD:
                 journal.add(launcher, o.in_journal)
                 if o.said and o.said not in journal.notes:
                     journal.notes.append(o.said)
@@ -79,26 +79,26 @@ def run(ctx: Context) -> list[Metric]:
 
 
 def _no_loss(expected: int) -> Judge:
-    def judge(ours: Summary, theirs: Summary) -> str:
+    def check(ours: Summary, theirs: Summary) -> str:
         if ours.low is None or ours.missing:
-            return "no verdict: a run failed"
+            return "no verdict (a run failed)"
         if ours.low == expected:
-            return f"met: every run delivered all {expected:,} lines"
-        return f"MISSED: as few as {ours.low:,.0f} of {expected:,} lines delivered"
+            return "met"
+        return f"MISSED: as few as {ours.low:,.0f}"
 
-    return judge
+    return Judge(f"target: all {expected:,} lines in every run", check)
 
 
 def _journal(expected: int) -> Judge:
-    def judge(ours: Summary, theirs: Summary) -> str:
+    def check(ours: Summary, theirs: Summary) -> str:
         if ours.median is None:
             return "n/a: no line attributed to the rank units"
         share = ours.median / expected
         if share >= 1:
-            return "info: every line kept"
-        return f"info: {share:.1%} of the lines kept (journald's per-unit rate limit)"
+            return "every line kept"
+        return f"{share:.1%} of the lines kept (journald's per-unit rate limit)"
 
-    return judge
+    return Judge("info", check)
 
 
 def _once(ctx: Context, launcher: Launcher) -> Outcome:
@@ -120,7 +120,7 @@ def _once(ctx: Context, launcher: Launcher) -> Outcome:
             tree_cpu_s=run.tree_cpu_s,
             box_cpu_s=procs.cpu_of(box) - box_cpu,
         )
-        if launcher is Launcher.GPULAUNCH:
+        if launcher is Launcher.SYSTEMD:
             o.in_journal = _journal_lines(run, cfg.output_nproc)
             o.said = _drops_said(run, ctx, o.in_journal)
         return o

@@ -60,11 +60,11 @@ def run(ctx: Context) -> list[Metric]:
     up = Metric("6b", f"{n} ranks: start → all ran their first line", "s", judge=below(1.0, "s"))
     stop_exit = Metric("6c", f"{n} ranks: stop → launcher exit", "s", judge=compared("time"))
     gone = Metric("6d", f"{n} ranks: stop → no job process left", "s", judge=compared("time"))
-    launches: dict[Launcher, list[Launch]] = {launcher: [] for launcher in launchers.LAUNCHERS}
+    launches: dict[Launcher, list[Launch]] = {launcher: [] for launcher in ctx.launchers}
     bare_execd: list[float | None] = []
     bare_up: list[float | None] = []
     for rep in range(cfg.reps):
-        for launcher in launchers.order(rep):
+        for launcher in ctx.order(rep):
             o = _once(ctx, launcher)
             execd.add(launcher, o.launch.execd if o.launch else None)
             up.add(launcher, o.launch.last if o.launch else None)

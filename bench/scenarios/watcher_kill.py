@@ -13,7 +13,7 @@ import time
 from bench import launchers, procs
 from bench.context import Context, fmt
 from bench.launchers import Launcher
-from bench.stats import Judge, Metric, Summary, below
+from bench.stats import Metric, below
 
 UNITS_CAP_S = 5.0
 
@@ -22,49 +22,44 @@ def run(ctx: Context) -> list[Metric]:
     cfg = ctx.config
     gone = Metric("2", "watcher SIGKILL → no job process left", "s", digits=3)
     gone.missing_label = f"orphans left after {cfg.kill_cap_s:g} s"
-    orphans: dict[Launcher, list[int]] = {launcher: [] for launcher in launchers.LAUNCHERS}
-    units_s: list[float | None] = []
+    orphans: dict[Launcher, list[int]] = {launcher: [] for launcher in ctx.launchers}
+    units_s: dict[Launcher, list[float | None]] = {}
     for rep in range(cfg.reps):
-        for launcher in launchers.order(rep):
+        for launcher in ctx.order(rep):
             gone_s, left, unit_s = _once(ctx, launcher)
             gone.add(launcher, gone_s)
             orphans[launcher].append(left)
-            if launcher is Launcher.GPULAUNCH:
-                units_s.append(unit_s)
+            if launcher in (Launcher.SYSTEMD, Launcher.FRONTEND):
+                units_s.setdefault(launcher, []).append(unit_s)
             ctx.say(
                 f"2 watcher-kill rep {rep + 1}/{cfg.reps} {launcher}: all gone "
                 f"{fmt(gone_s, 3)} s, orphans after the {cfg.kill_cap_s:g} s cap: {left}"
             )
-    gone.judge = _judge(orphans[Launcher.TORCHRUN], cfg.kill_cap_s)
+    gone.judge = below(0.5, "s")
+    gone.notes += _torchrun_orphans(orphans.get(Launcher.TORCHRUN, []), cfg.kill_cap_s)
     for launcher, counts in orphans.items():
         capped = sum(1 for c in counts if c)
         gone.notes.append(
             f"{launcher}: orphans left {cfg.kill_cap_s:g} s after the SIGKILL in {capped} of "
             f"{len(counts)} runs (counts per run: {counts}); we killed them afterwards"
         )
-    done = [u for u in units_s if u is not None]
-    gone.notes.append(
-        f"gpulaunch: the job's units were gone from `systemctl list-units --all` "
-        f"{fmt(max(done) if done else None, 2)} s after the last process at the latest; "
-        f"units still listed after {UNITS_CAP_S:g} s in {units_s.count(None)} runs"
-    )
+    for launcher, series in units_s.items():
+        done = [u for u in series if u is not None]
+        gone.notes.append(
+            f"{launcher.label}: the job's units were gone from `systemctl list-units --all` "
+            f"{fmt(max(done) if done else None, 2)} s after the last process at the latest; "
+            f"units still listed after {UNITS_CAP_S:g} s in {series.count(None)} runs"
+        )
     return [gone]
 
 
-def _judge(torchrun_orphans: list[int], cap: float) -> Judge:
-    limit = below(0.5, "s")
-
-    def judge(ours: Summary, theirs: Summary) -> str:
-        verdict = limit(ours, theirs)
-        left = [c for c in torchrun_orphans if c]
-        if left:
-            verdict += (
-                f"; torchrun left {max(left)} orphans after {cap:g} s in {len(left)} of "
-                f"{len(torchrun_orphans)} runs"
-            )
-        return verdict
-
-    return judge
+def _torchrun_orphans(counts: list[int], cap: float) -> list[str]:
+    left = [c for c in counts if c]
+    if not left:
+        return []
+    return [
+        f"torchrun left {max(left)} orphans after {cap:g} s in {len(left)} of {len(counts)} runs"
+    ]
 
 
 def _once(ctx: Context, launcher: Launcher) -> tuple[float | None, int, float | None]:
@@ -85,8 +80,8 @@ def _once(ctx: Context, launcher: Launcher) -> tuple[float | None, int, float | 
         gone_at = procs.wait_gone(run.token, cfg.kill_cap_s)
         left = len(procs.job_pids(run.token)) if gone_at is None else 0
         unit_s = None
-        if launcher is Launcher.GPULAUNCH:
-            unit_s = launchers.wait_units_gone(run.token, UNITS_CAP_S)
+        if launcher in (Launcher.SYSTEMD, Launcher.FRONTEND):
+            unit_s = launchers.wait_units_gone(run.token, UNITS_CAP_S, launcher)
         return (None if gone_at is None else gone_at - killed_at), left, unit_s
     finally:
         # Orphans after the cap are expected (torchrun): killing them is not a problem to report.
