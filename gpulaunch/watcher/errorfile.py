@@ -11,21 +11,41 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from gpulaunch.errors import UnavailableError
 from gpulaunch.logs.excerpt import text_excerpt
 from gpulaunch.model import Manager
 
 
 def runtime_base(manager: Manager) -> Path:
-    """/run for the system manager, $XDG_RUNTIME_DIR for a user (tmp as a fallback)."""
+    """/run for the system manager, $XDG_RUNTIME_DIR for a user, else a private tmp dir.
+
+    The fallback is the user's own `<tmp>/gpulaunch-<uid>` (mode 0700, owned by us,
+    not a link): a /tmp/gpulaunch made by another user is neither writable nor safe.
+    """
     if manager is Manager.SYSTEM and os.geteuid() == 0:
         return Path("/run")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(xdg) if xdg and os.path.isdir(xdg) else Path(tempfile.gettempdir())
+    if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK):
+        return Path(xdg)
+    private = Path(tempfile.gettempdir()) / f"gpulaunch-{os.getuid()}"
+    try:
+        private.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = private.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise UnavailableError(
+            f"{private} is not a private directory of yours (another user made it, or it is "
+            "a link, or others may write it)",
+            "set XDG_RUNTIME_DIR to a directory of your own, or remove that one",
+        )
+    return private
 
 
 class ErrorFiles:

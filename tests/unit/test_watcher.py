@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from gpulaunch.errors import JobExistsError, SystemdError
+from gpulaunch.errors import JobExistsError, SystemdError, UnavailableError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
 from gpulaunch.supervisor.anchor import anchor_name
 from gpulaunch.supervisor.systemd import SystemdSupervisor
@@ -24,6 +25,7 @@ from gpulaunch.supervisor.systemd_api import JobDone, JobEvent, JobQueued, UnitS
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.names import UnitNames
+from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
 
 
@@ -390,3 +392,21 @@ def test_sigterm_while_ranks_are_forked_stops_forking(
     assert len(started) == 3, started
     assert sum(r.pid is not None for r in report.ranks) == 3
     assert no_children_left()
+
+
+def test_an_ordinary_users_error_files_never_go_to_a_shared_tmp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without XDG_RUNTIME_DIR: <tmp>/gpulaunch-<uid>, private; someone else's is refused."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    try:
+        base = runtime_base(Manager.USER)
+        assert base == tmp_path / f"gpulaunch-{os.getuid()}"
+        assert base.stat().st_mode & 0o777 == 0o700
+        base.chmod(0o777)
+        with pytest.raises(UnavailableError, match="not a private directory of yours"):
+            runtime_base(Manager.USER)
+    finally:
+        tempfile.tempdir = None
