@@ -11,6 +11,15 @@ The object is served by one message handler rather than dbus-fast's
 `ServiceInterface`: its introspection data is the XML shipped in
 `gpulaunch/data/dbus/` (one source of truth), and `Stop` needs the caller's
 credentials, which `ServiceInterface` methods never see.
+
+The bus may go away under a running job (`systemctl restart dbus`); the job
+does not need it. The publisher says so once and connects again at once:
+with socket activation (dbus.socket) the listening socket outlives the
+daemon, so the connect succeeds and the authentication waits for the new
+daemon, no timer involved. Only where the connect is refused (the daemon
+stopped, no socket unit) does it retry on a back-off timer, which runs only
+while disconnected (the bus address may be any address, so there is no path
+to watch). Once connected it owns the name and serves the object again.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import asyncio
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -69,6 +78,8 @@ FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
 UNANNOUNCED = frozenset({"LastOutput"})
 
 FINISH_BUDGET = 1.5  # of the watcher's 2 s for `finished`: never make it raise
+# Seconds between attempts to reach a bus that refuses connections (doubling, capped).
+RETRY_FIRST, RETRY_MAX = 0.1, 5.0
 
 _STANDARD_INTERFACES = """\
   <interface name="org.freedesktop.DBus.Peer">
@@ -145,6 +156,8 @@ class JobPublisher:
         self._sent: dict[str, Any] = {}  # the values PropertiesChanged last announced
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lost_said = False  # the warning that the bus went away is said once
+        self._watching: asyncio.Task[None] | None = None  # notices the bus going away
         self._xml = ""
         self.name = ""
         self.path = ""
@@ -163,7 +176,7 @@ class JobPublisher:
         self._xml = interface_xml().replace("</node>", _STANDARD_INTERFACES + "</node>")
         self._sent = {name: value for name, (_, value) in self._view().properties().items()}
         try:
-            self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
+            self._serve(loop.run_until_complete(self._open(job.spec.job, job.spec.manager)))
         except PolicyMissingError as exc:  # the job runs; only its API is off
             self._warn(f"{exc.message}; {exc.hint}")
 
@@ -182,15 +195,74 @@ class JobPublisher:
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:
         self._job = job
-        if self._bus is None:
-            return
-        self._report = report
-        try:
-            await asyncio.wait_for(self._finish(), FINISH_BUDGET)
-        except Exception as exc:  # the job's status matters more than its publication
-            self._warn(f"could not publish the end of the job on the bus: {exc!r}")
+        if self._bus is not None:
+            self._report = report
+            try:
+                await asyncio.wait_for(self._finish(), FINISH_BUDGET)
+            except Exception as exc:  # the job's status matters more than its publication
+                self._warn(f"could not publish the end of the job on the bus: {exc!r}")
+        watching, self._watching = self._watching, None
+        if watching is not None:
+            # Ends by itself once we let go of the bus; a reconnection in progress
+            # is too late now. (Cancelled only now: it awaits the bus's own
+            # disconnect future, which a cancel would cancel for `_finish` too.)
+            if not watching.done():
+                watching.cancel()
+            await asyncio.wait([watching])  # gone before the loop closes
 
     # -- connecting ---------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _serve(self, bus: MessageBus) -> None:
+        """Publish on `bus` from now on, and on the next one whenever it goes away."""
+        assert self._loop is not None
+        self._bus = bus
+        self._watching = self._loop.create_task(self._keep_published(bus))
+
+    async def _keep_published(self, bus: MessageBus) -> None:
+        while True:
+            try:
+                await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+            except Exception:
+                pass  # how it went makes no difference
+            if self._bus is not bus:
+                return  # we let go of it ourselves (the end of the job)
+            self._bus = None
+            if not self._lost_said:
+                self._lost_said = True
+                assert self._job is not None
+                self._warn(
+                    f"job {self._job.spec.job}: {bus_title(self._job.spec.manager)} went away; "
+                    "the job goes on, and is published again when it returns"
+                )
+            again = await self._reconnect()
+            if again is None:
+                return
+            # Whoever listens reads the properties afresh (their connections were lost too).
+            self._sent = {name: value for name, (_, value) in self._view().properties().items()}
+            self._bus = bus = again
+
+    async def _reconnect(self) -> MessageBus | None:
+        """Connect again and own the name; retry while the bus refuses us; None: give up."""
+        assert self._job is not None
+        delay = RETRY_FIRST
+        while True:
+            try:
+                return await self._open(self._job.spec.job, self._job.spec.manager)
+            except NoSystemdError:  # not back yet
+                pass
+            except GpulaunchError as exc:  # the name is taken or refused: stay unpublished
+                self._warn(f"{exc.message}; the job goes on unpublished")
+                return None
+            except Exception:  # whatever a half-restarted daemon makes of us: try again
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
 
     async def _open(self, job: str, manager: Manager) -> MessageBus:
         bus = await connect(manager)
@@ -343,10 +415,7 @@ class JobPublisher:
         if iface == PROPERTIES or (iface is None and member in ("Get", "GetAll", "Set")):
             return self._properties(msg)
         if member == "Stop" and iface in (None, INTERFACE) and msg.signature == "":
-            assert self._loop is not None
-            task = self._loop.create_task(self._stop(msg))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._stop(msg))
             return True
         if iface in (INTERFACE, INTROSPECTABLE):
             return Message.new_error(

@@ -106,6 +106,37 @@ def test_job_survives_a_restart_of_dbus(job: Job) -> None:
     assert_clean(job)
 
 
+def published_running(job: Job) -> bool:
+    """`gpulaunch status JOB` finds the job running on the bus (not in a record)."""
+    res = gl(job, "status", "--json", job.id, timeout=60)
+    return res.returncode == 0 and json.loads(res.stdout)["state"] == "running"
+
+
+def test_the_job_is_published_again_after_a_restart_of_dbus(job: Job) -> None:
+    """The watcher's object comes back with the bus; Stop() works on it; said once."""
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300"])
+    try:
+        for rank in range(2):
+            job.wait_file(f"rank{rank}.ready")
+        assert published_running(job)
+        for _ in range(2):  # twice: the warning is said once
+            res = job.box.run(["systemctl", "restart", "dbus"], capture_output=True, text=True)
+            assert res.returncode == 0, res.stderr
+            wait_until(lambda: published_running(job), 60, "the job on the bus again")
+        res = gl(job, "stop", job.id, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert "stopped by SIGTERM (status 143)" in res.stderr, res.stderr
+    finally:
+        if proc.poll() is None:
+            os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.count("the system bus went away") == 1, err
+    assert "internal error" not in err and "Traceback" not in err, err
+    assert record(job)["status"] == 143
+    assert_clean(job)
+
+
 def test_daemon_reexec_during_start_up(job: Job) -> None:
     """Either the job runs to its end or it fails with one clear line; nothing is left."""
     outcomes = []
