@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from sdbox.box import cgroup2_root
-from tests.integration.jobs import Job, wait_until
-from tests.integration.test_dbus import gl, one_line_error
+from tests.integration.jobs import REPO, Job, wait_until
+from tests.integration.test_dbus import box_user, gl, one_line_error
 from tests.integration.test_start import assert_clean
+
+__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
 
 
 def slice_dir(job: Job) -> Path:
@@ -151,3 +153,75 @@ def test_daemon_reexec_during_start_up(job: Job) -> None:
         assert "internal error" not in err, err
         assert_clean(job)
     print("daemon-reexec during start-up:", outcomes)
+
+
+def restart_session_bus(job: Job, as_user: list[str]) -> None:
+    res = job.box.run(
+        [*as_user, "systemctl", "--user", "restart", "dbus"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def user_record(job: Job, as_user: list[str]) -> dict[str, Any]:
+    res = gl(job, "status", "--json", job.id, prefix=as_user)
+    assert res.returncode == 0, res.stderr
+    view: dict[str, Any] = json.loads(res.stdout)
+    return view
+
+
+def test_a_detached_user_job_survives_a_restart_of_the_session_bus(
+    box_user: tuple[int, list[str]], job: Job
+) -> None:
+    """`systemctl --user restart dbus`: the watcher reaches its user manager again (the
+    systemd side goes over that bus too) and publishes the job again; Stop() works."""
+    _, as_user = box_user
+    os.chmod(job.dir, 0o777)
+    argv = job.argv("-d", "--nproc", "2", script_args=["--sleep", "300"])
+    res = job.box.run([*as_user, *argv], cwd=str(REPO), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for rank in range(2):
+        job.wait_file(f"rank{rank}.ready")
+    restart_session_bus(job, as_user)
+
+    def running() -> bool:
+        res = gl(job, "status", "--json", job.id, prefix=as_user, timeout=60)
+        return res.returncode == 0 and json.loads(res.stdout)["state"] == "running"
+
+    wait_until(running, 60, "the job on the session bus again")
+    res = gl(job, "stop", job.id, prefix=as_user, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "stopped by SIGTERM (status 143)" in res.stderr, res.stderr
+    wait_until(lambda: not job.alive(), 10, "the ranks to be gone")
+    assert user_record(job, as_user)["status"] == 143
+
+
+def test_a_user_job_with_its_front_end_ends_cleanly_when_the_session_bus_restarts(
+    box_user: tuple[int, list[str]], job: Job
+) -> None:
+    """The front end's name on the bus ties the job to it (Type=dbus): systemd stops the
+    job when the bus goes away. It ends recorded, as for a SIGTERM; the front end exits
+    with that status after one line saying why, no traceback, nothing left."""
+    _, as_user = box_user
+    os.chmod(job.dir, 0o777)
+    proc = job.box.popen(
+        [*as_user, *job.argv("--nproc", "2", script_args=["--sleep", "300"])],
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for rank in range(2):
+            job.wait_file(f"rank{rank}.ready")
+        restart_session_bus(job, as_user)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    assert err.count("your session bus went away under job") == 1, err
+    assert "it ended with status 143" in err, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert user_record(job, as_user)["status"] == 143
+    wait_until(lambda: not job.alive(), 10, "the ranks to be gone")
