@@ -202,12 +202,8 @@ class JobPublisher:
             except Exception as exc:  # the job's status matters more than its publication
                 self._warn(f"could not publish the end of the job on the bus: {exc!r}")
         watching, self._watching = self._watching, None
-        if watching is not None:
-            # Ends by itself once we let go of the bus; a reconnection in progress
-            # is too late now. (Cancelled only now: it awaits the bus's own
-            # disconnect future, which a cancel would cancel for `_finish` too.)
-            if not watching.done():
-                watching.cancel()
+        if watching is not None and not watching.done():
+            watching.cancel()  # a reconnection in progress: too late now
             await asyncio.wait([watching])  # gone before the loop closes
 
     # -- connecting ---------------------------------------------------------
@@ -219,33 +215,34 @@ class JobPublisher:
         task.add_done_callback(self._tasks.discard)
 
     def _serve(self, bus: MessageBus) -> None:
-        """Publish on `bus` from now on, and on the next one whenever it goes away."""
-        assert self._loop is not None
-        self._bus = bus
-        self._watching = self._loop.create_task(self._keep_published(bus))
+        """Publish on `bus` from now on, and on the next one whenever it goes away.
 
-    async def _keep_published(self, bus: MessageBus) -> None:
-        while True:
-            try:
-                await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
-            except Exception:
-                pass  # how it went makes no difference
-            if self._bus is not bus:
-                return  # we let go of it ourselves (the end of the job)
-            self._bus = None
-            if not self._lost_said:
-                self._lost_said = True
-                assert self._job is not None
-                self._warn(
-                    f"job {self._job.spec.job}: {bus_title(self._job.spec.manager)} went away; "
-                    "the job goes on, and is published again when it returns"
-                )
-            again = await self._reconnect()
-            if again is None:
-                return
+        A callback on the bus's own disconnect future, not a task waiting on it: a
+        watcher that fails leaves no task pending (asyncio would log it at exit).
+        """
+        self._bus = bus
+        lost: asyncio.Future[None] = bus._disconnect_future  # noqa: SLF001 (no public hook)
+        lost.add_done_callback(lambda _: self._on_lost(bus))
+
+    def _on_lost(self, bus: MessageBus) -> None:
+        if self._bus is not bus or self._loop is None or self._loop.is_closed():
+            return  # we let go of it ourselves (the end of the job)
+        self._bus = None
+        if not self._lost_said:
+            self._lost_said = True
+            assert self._job is not None
+            self._warn(
+                f"job {self._job.spec.job}: {bus_title(self._job.spec.manager)} went away; "
+                "the job goes on, and is published again when it returns"
+            )
+        self._watching = self._loop.create_task(self._publish_again())
+
+    async def _publish_again(self) -> None:
+        again = await self._reconnect()
+        if again is not None:
             # Whoever listens reads the properties afresh (their connections were lost too).
             self._sent = {name: value for name, (_, value) in self._view().properties().items()}
-            self._bus = bus = again
+            self._serve(again)
 
     async def _reconnect(self) -> MessageBus | None:
         """Connect again and own the name; retry while the bus refuses us; None: give up."""

@@ -95,6 +95,25 @@ def test_outside_stops_and_sigterms_at_random_instants(job: Job) -> None:
         assert_clean(job)
 
 
+def test_outside_stops_early_in_start_up_never_hang_the_watcher(job: Job) -> None:
+    """`systemctl stop <job slice>` in the first 120 ms of the ranks' start: the burst of
+    signals systemd sends the watcher's direct connection must not hide the JobRemoved of
+    its gang stop (it waited for it until its scope's stop timeout SIGKILLed it: -9)."""
+    rng = random.Random(17)
+    ends = []
+    for i in range(20):
+        proc = job.popen("--nproc", "4", script_args=["--sleep", "300"])
+        assert when_the_slice_exists(job, proc, rng.uniform(0, 0.12)), proc.communicate()
+        job.box.run(["systemctl", "stop", "--no-block", job.names.job_slice], capture_output=True)
+        _, err = proc.communicate(timeout=120)
+        ends.append((i, proc.returncode, err.strip().splitlines()[-1:]))
+        # Never killed by its scope's stop timeout. (Other outcomes of a stop this early,
+        # 71 "start job ended 'canceled'", are issue 13 item 5's: printed, not asserted.)
+        assert proc.returncode != -signal.SIGKILL, (ends, err)
+        assert_clean(job)
+    print("outside stops early in start-up:", [e for e in ends if e[1] != 143])
+
+
 def test_job_survives_a_restart_of_dbus(job: Job) -> None:
     proc = job.popen("--nproc", "2", script_args=["--sleep", "4"])
     for rank in range(2):
@@ -128,10 +147,11 @@ def test_the_job_is_published_again_after_a_restart_of_dbus(job: Job) -> None:
         res = gl(job, "stop", job.id, timeout=60)
         assert res.returncode == 0, res.stderr
         assert "stopped by SIGTERM (status 143)" in res.stderr, res.stderr
+        _, err = proc.communicate(timeout=120)  # it ends by itself (no late signal: item 6)
     finally:
         if proc.poll() is None:
-            os.kill(job.box.inner_pid(proc), signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 143, err
     assert err.count("the system bus went away") == 1, err
     assert "internal error" not in err and "Traceback" not in err, err
