@@ -10,6 +10,13 @@ output never passes through here: the watcher writes to our fds itself.
 
 `--detach`: the service's stderr is a pipe to us until the job's units exist
 (watcher/detach.py's protocol); then we print the job id and return 0.
+
+The session bus going away (`systemctl --user restart dbus`) takes our name
+with it, and systemd stops the service as if we had died (`Type=dbus`): the
+job ends as for a SIGTERM, and is recorded. We hold a pidfd of the watcher
+from when our name ties it to us, so we wait for it to end (signals are
+relayed through the pidfd then), and exit with the status its record gives,
+after one line that says what happened.
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 from dbus_fast.errors import AuthError, InvalidAddressError
 
-from gpulaunch.errors import AccessDeniedError, JobExistsError, NoSystemdError, SystemdError
+from gpulaunch.errors import (
+    AccessDeniedError,
+    JobExistsError,
+    JobLostError,
+    NoSystemdError,
+    SystemdError,
+)
 from gpulaunch.frontend.unit import (
     RELAYED,
     RLIMITS,
@@ -40,7 +53,8 @@ from gpulaunch.frontend.unit import (
     watcher_argv,
 )
 from gpulaunch.frontend.userbus import LINGER_HINT
-from gpulaunch.model import JobSpec
+from gpulaunch.jobapi import record
+from gpulaunch.model import JobSpec, Manager
 from gpulaunch.watcher.detach import STARTED, tail_overlap
 
 _SYSTEMD = "org.freedesktop.systemd1"
@@ -73,12 +87,15 @@ class _FrontEnd:
         self.pending: list[int] = []  # signals that came before the service existed
         self.changed = asyncio.Event()
         self.state: dict[str, str] = {}
+        self.lost = False  # the bus went away under us
+        self.watcher = -1  # a pidfd of the watcher, once our name ties it to us
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for signum in RELAYED:
             loop.add_signal_handler(signum, self._on_signal, signum)
         self.bus = await self._connect()
+        noticed = loop.create_task(self._notice_loss(self.bus))
         try:
             await self._watch_unit()
             if self.detach:
@@ -89,6 +106,18 @@ class _FrontEnd:
             return 128 + exc.signum  # before anything was created
         finally:
             self.bus.disconnect()  # drops AddRef: systemd collects the ended service
+            noticed.cancel()
+            if self.watcher >= 0:
+                os.close(self.watcher)
+
+    async def _notice_loss(self, bus: MessageBus) -> None:
+        try:
+            # shielded: a cancel must not cancel the bus's own disconnect future
+            await asyncio.shield(bus.wait_for_disconnect())  # type: ignore[no-untyped-call]
+        except Exception:
+            pass
+        self.lost = True
+        self.changed.set()
 
     async def _connect(self) -> MessageBus:
         try:
@@ -177,12 +206,15 @@ class _FrontEnd:
         asyncio.get_running_loop().create_task(self._relay(signum))
 
     async def _relay(self, signum: int) -> None:
+        if self.lost and self.watcher >= 0:
+            signal.pidfd_send_signal(self.watcher, signum)
+            return
         # "main": the watcher itself; it stops the ranks by its own rules.
         msg = self._manager_call("KillUnit", "ssi", [self.service, "main", signum])
         try:
             await self._call(msg, f"pass {signal.Signals(signum).name} to the watcher")
-        except SystemdError:
-            pass  # the watcher has already ended: its status is on its way
+        except (SystemdError, OSError):
+            pass  # the watcher has already ended (its status is on its way), or the bus
 
     async def _start(self, fds: tuple[int, int, int]) -> None:
         env, dropped = environment(os.environ)
@@ -243,6 +275,11 @@ class _FrontEnd:
         if reply is not RequestNameReply.PRIMARY_OWNER:
             raise SystemdError(f"could not own {self.name} on your session bus ({reply.name})")
         self.claimed = True
+        pid = (await self._get_all(_SERVICE))["MainPID"].value
+        try:
+            self.watcher = os.pidfd_open(pid) if pid else -1
+        except OSError:  # it has already ended: its status comes through the bus
+            pass
 
     async def _ended(self) -> int | None:
         """The watcher's status if its service has ended, else None."""
@@ -260,11 +297,36 @@ class _FrontEnd:
         while True:
             await self.changed.wait()
             self.changed.clear()
+            if self.lost:
+                return await self._after_bus_loss()
             if self.name and not self.claimed and self.state.get("SubState") == "start":
                 await self._claim()
             status = await self._ended()
             if status is not None:
                 return status
+
+    async def _after_bus_loss(self) -> int:
+        """The bus went away: the job is being stopped; its status from its record."""
+        what = (
+            f"your session bus went away under job {self.spec.job} (systemctl --user "
+            "restart dbus?); systemd stops a job whose front end left the bus"
+        )
+        if self.watcher < 0:
+            raise NoSystemdError(f"{what}, and it had not started yet", "start it again")
+        ended = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().add_reader(self.watcher, ended.set_result, None)
+        try:
+            await ended
+        finally:
+            asyncio.get_running_loop().remove_reader(self.watcher)
+        view = record.find(self.spec.job, Manager.USER)
+        if view is None:
+            raise JobLostError(
+                f"{what}; the job has ended, without a record of how",
+                f"see journalctl --user -u {self.spec.names.job_slice}",
+            )
+        print(f"gpulaunch: warning: {what}: it ended with status {view.status}", file=sys.stderr)
+        return view.status
 
     async def _run_detached(self) -> int:
         """Start it with stderr a pipe to us; the job id once its units exist."""

@@ -11,6 +11,15 @@ The object is served by one message handler rather than dbus-fast's
 `ServiceInterface`: its introspection data is the XML shipped in
 `gpulaunch/data/dbus/` (one source of truth), and `Stop` needs the caller's
 credentials, which `ServiceInterface` methods never see.
+
+The bus may go away under a running job (`systemctl restart dbus`); the job
+does not need it. The publisher says so once and connects again at once:
+with socket activation (dbus.socket) the listening socket outlives the
+daemon, so the connect succeeds and the authentication waits for the new
+daemon, no timer involved. Only where the connect is refused (the daemon
+stopped, no socket unit) does it retry on a back-off timer, which runs only
+while disconnected (the bus address may be any address, so there is no path
+to watch). Once connected it owns the name and serves the object again.
 """
 
 from __future__ import annotations
@@ -20,9 +29,8 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from dbus_fast import (
@@ -51,9 +59,15 @@ from gpulaunch.jobapi.bus import (
     PROPERTIES,
     connect,
 )
+from gpulaunch.jobapi.interface import (
+    FINISHED_SIGNATURE,
+    RANK_EXITED_SIGNATURE,
+    STANDARD_INTERFACES,
+    UNANNOUNCED,
+    interface_xml,
+)
 from gpulaunch.jobapi.view import (
     INTERFACE,
-    RANK_SIGNATURE,
     JobView,
     RankView,
     bus_name,
@@ -65,59 +79,9 @@ from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 NOTICES = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # what Signal() passes on
 
-# Signal signatures (gpulaunch/data/dbus/io.gpulaunch.Job1.xml has their argument names).
-RANK_EXITED_SIGNATURE = "isiibi"
-FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
-
-# Properties read on demand and never in PropertiesChanged (EmitsChangedSignal=false).
-UNANNOUNCED = frozenset({"LastOutput"})
-
 FINISH_BUDGET = 1.5  # of the watcher's 2 s for `finished`: never make it raise
-
-_STANDARD_INTERFACES = """\
-  <interface name="org.freedesktop.DBus.Peer">
-    <method name="Ping"/>
-    <method name="GetMachineId"><arg name="machine_uuid" type="s" direction="out"/></method>
-  </interface>
-  <interface name="org.freedesktop.DBus.Introspectable">
-    <method name="Introspect"><arg name="xml_data" type="s" direction="out"/></method>
-  </interface>
-  <interface name="org.freedesktop.DBus.Properties">
-    <method name="Get">
-      <arg name="interface_name" type="s" direction="in"/>
-      <arg name="property_name" type="s" direction="in"/>
-      <arg name="value" type="v" direction="out"/>
-    </method>
-    <method name="GetAll">
-      <arg name="interface_name" type="s" direction="in"/>
-      <arg name="props" type="a{sv}" direction="out"/>
-    </method>
-    <method name="Set">
-      <arg name="interface_name" type="s" direction="in"/>
-      <arg name="property_name" type="s" direction="in"/>
-      <arg name="value" type="v" direction="in"/>
-    </method>
-    <signal name="PropertiesChanged">
-      <arg name="interface_name" type="s"/>
-      <arg name="changed_properties" type="a{sv}"/>
-      <arg name="invalidated_properties" type="as"/>
-    </signal>
-  </interface>
-"""
-
-
-def packaging_dir() -> Path:
-    """`gpulaunch/data/dbus`: the D-Bus files the package ships (a wheel carries them)."""
-    return Path(__file__).resolve().parents[1] / "data" / "dbus"
-
-
-def interface_xml() -> str:
-    """The introspection data of io.gpulaunch.Job1, as shipped."""
-    return (packaging_dir() / f"{INTERFACE}.xml").read_text()
-
-
-POLICY_FILE = "io.gpulaunch.conf"
-POLICY_DIR = Path("/etc/dbus-1/system.d")
+# Seconds between attempts to reach a bus that refuses connections (doubling, capped).
+RETRY_FIRST, RETRY_MAX = 0.1, 5.0
 
 
 class PolicyMissingError(AccessDeniedError):
@@ -154,6 +118,8 @@ class JobPublisher:
         self._sent: dict[str, Any] = {}  # the values PropertiesChanged last announced
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lost_said = False  # the warning that the bus went away is said once
+        self._watching: asyncio.Task[None] | None = None  # notices the bus going away
         self._xml = ""
         self.name = ""
         self.path = ""
@@ -169,10 +135,10 @@ class JobPublisher:
         self._loop = loop
         self.name = bus_name(job.spec.job)
         self.path = object_path(job.spec.job)
-        self._xml = interface_xml().replace("</node>", _STANDARD_INTERFACES + "</node>")
+        self._xml = interface_xml().replace("</node>", STANDARD_INTERFACES + "</node>")
         self._sent = {name: value for name, (_, value) in self._view().properties().items()}
         try:
-            self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
+            self._serve(loop.run_until_complete(self._open(job.spec.job, job.spec.manager)))
         except PolicyMissingError as exc:  # the job runs; only its API is off
             self._warn(f"{exc.message}; {exc.hint}")
         except NoSystemdError as exc:
@@ -198,15 +164,71 @@ class JobPublisher:
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:
         self._job = job
-        if self._bus is None:
-            return
-        self._report = report
-        try:
-            await asyncio.wait_for(self._finish(), FINISH_BUDGET)
-        except Exception as exc:  # the job's status matters more than its publication
-            self._warn(f"could not publish the end of the job on the bus: {exc!r}")
+        if self._bus is not None:
+            self._report = report
+            try:
+                await asyncio.wait_for(self._finish(), FINISH_BUDGET)
+            except Exception as exc:  # the job's status matters more than its publication
+                self._warn(f"could not publish the end of the job on the bus: {exc!r}")
+        watching, self._watching = self._watching, None
+        if watching is not None and not watching.done():
+            watching.cancel()  # a reconnection in progress: too late now
+            await asyncio.wait([watching])  # gone before the loop closes
 
     # -- connecting ---------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _serve(self, bus: MessageBus) -> None:
+        """Publish on `bus` from now on, and on the next one whenever it goes away.
+
+        A callback on the bus's own disconnect future, not a task waiting on it: a
+        watcher that fails leaves no task pending (asyncio would log it at exit).
+        """
+        self._bus = bus
+        lost: asyncio.Future[None] = bus._disconnect_future  # noqa: SLF001 (no public hook)
+        lost.add_done_callback(lambda _: self._on_lost(bus))
+
+    def _on_lost(self, bus: MessageBus) -> None:
+        if self._bus is not bus or self._loop is None or self._loop.is_closed():
+            return  # we let go of it ourselves (the end of the job)
+        self._bus = None
+        if not self._lost_said:
+            self._lost_said = True
+            assert self._job is not None
+            self._warn(
+                f"job {self._job.spec.job}: {bus_title(self._job.spec.manager)} went away; "
+                "the job goes on, and is published again when it returns"
+            )
+        self._watching = self._loop.create_task(self._publish_again())
+
+    async def _publish_again(self) -> None:
+        again = await self._reconnect()
+        if again is not None:
+            # Whoever listens reads the properties afresh (their connections were lost too).
+            self._sent = {name: value for name, (_, value) in self._view().properties().items()}
+            self._serve(again)
+
+    async def _reconnect(self) -> MessageBus | None:
+        """Connect again and own the name; retry while the bus refuses us; None: give up."""
+        assert self._job is not None
+        delay = RETRY_FIRST
+        while True:
+            try:
+                return await self._open(self._job.spec.job, self._job.spec.manager)
+            except NoSystemdError:  # not back yet
+                pass
+            except GpulaunchError as exc:  # the name is taken or refused: stay unpublished
+                self._warn(f"{exc.message}; the job goes on unpublished")
+                return None
+            except Exception:  # whatever a half-restarted daemon makes of us: try again
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
 
     async def _open(self, job: str, manager: Manager) -> MessageBus:
         bus = await connect(manager)
@@ -351,7 +373,7 @@ class JobPublisher:
             if member == "Introspect" and iface in (None, INTROSPECTABLE):
                 child = _child_node(self.path, msg.path or "")
                 if child is not None:
-                    xml = f'<node>\n{_STANDARD_INTERFACES}  <node name="{child}"/>\n</node>\n'
+                    xml = f'<node>\n{STANDARD_INTERFACES}  <node name="{child}"/>\n</node>\n'
                     return Message.new_method_return(msg, "s", [xml])
             return None
         if member == "Introspect" and iface in (None, INTROSPECTABLE):
@@ -363,10 +385,7 @@ class JobPublisher:
                 return Message.new_error(
                     msg, INVALID_ARGS, f"{member} takes ({'' if member == 'Stop' else 'ii'})"
                 )
-            assert self._loop is not None
-            task = self._loop.create_task(self._stop(msg))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._stop(msg))
             return True
         if iface in (INTERFACE, INTROSPECTABLE):
             return Message.new_error(

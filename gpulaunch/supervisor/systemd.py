@@ -211,7 +211,7 @@ class SystemdSupervisor:
             self._reconnected = True
             print(
                 f"gpulaunch: warning: job {self.units.job}: the connection to systemd was "
-                "lost (daemon-reexec?); reconnected, the job goes on",
+                "lost (daemon-reexec, or a restart of the bus); reconnected, the job goes on",
                 file=sys.stderr,
                 flush=True,
             )

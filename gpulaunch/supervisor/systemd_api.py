@@ -238,12 +238,24 @@ class Systemd:
                 jobs = _Counter(self._jobs, member.decode())
                 self._callbacks.append(jobs)
                 bus.match_signal(None if private else _DEST, _PATH, _MANAGER, member, jobs)
-            for member in (b"NameAcquired", b"NameLost"):
-                counter = _Counter(None)
-                self._callbacks.append(counter)
-                bus.match_signal(
-                    b"org.freedesktop.DBus", None, b"org.freedesktop.DBus", member, counter
-                )
+            if private:
+                # No bus daemon filters what systemd sends a direct connection: after
+                # Subscribe it gets every signal (UnitNew, UnitRemoved, JobNew, each
+                # unit's PropertiesChanged). An outside stop of the job sends a burst of
+                # them; without a callback for each, `events` took them for "nothing
+                # left" and stopped draining, and the JobRemoved queued behind them was
+                # never seen: the watcher waited for it until systemd SIGKILLed it.
+                # A local match (no AddMatch on a direct connection) that counts them all.
+                everything = _Counter(None)
+                self._callbacks.append(everything)
+                bus.match_signal(None, None, None, None, everything)
+            else:
+                for member in (b"NameAcquired", b"NameLost"):
+                    counter = _Counter(None)
+                    self._callbacks.append(counter)
+                    bus.match_signal(
+                        b"org.freedesktop.DBus", None, b"org.freedesktop.DBus", member, counter
+                    )
         except BaseException:
             self.close()
             raise

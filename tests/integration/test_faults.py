@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from sdbox.box import cgroup2_root
-from tests.integration.jobs import Job, wait_until
-from tests.integration.test_dbus import gl, one_line_error
+from tests.integration.jobs import REPO, Job, wait_until
+from tests.integration.test_dbus import box_user, gl, one_line_error
 from tests.integration.test_start import assert_clean
+
+__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
 
 
 def slice_dir(job: Job) -> Path:
@@ -93,6 +95,25 @@ def test_outside_stops_and_sigterms_at_random_instants(job: Job) -> None:
         assert_clean(job)
 
 
+def test_outside_stops_early_in_start_up_never_hang_the_watcher(job: Job) -> None:
+    """`systemctl stop <job slice>` in the first 120 ms of the ranks' start: the burst of
+    signals systemd sends the watcher's direct connection must not hide the JobRemoved of
+    its gang stop (it waited for it until its scope's stop timeout SIGKILLed it: -9)."""
+    rng = random.Random(17)
+    ends = []
+    for i in range(20):
+        proc = job.popen("--nproc", "4", script_args=["--sleep", "300"])
+        assert when_the_slice_exists(job, proc, rng.uniform(0, 0.12)), proc.communicate()
+        job.box.run(["systemctl", "stop", "--no-block", job.names.job_slice], capture_output=True)
+        _, err = proc.communicate(timeout=120)
+        ends.append((i, proc.returncode, err.strip().splitlines()[-1:]))
+        # Never killed by its scope's stop timeout. (Other outcomes of a stop this early,
+        # 71 "start job ended 'canceled'", are issue 13 item 5's: printed, not asserted.)
+        assert proc.returncode != -signal.SIGKILL, (ends, err)
+        assert_clean(job)
+    print("outside stops early in start-up:", [e for e in ends if e[1] != 143])
+
+
 def test_job_survives_a_restart_of_dbus(job: Job) -> None:
     proc = job.popen("--nproc", "2", script_args=["--sleep", "4"])
     for rank in range(2):
@@ -103,6 +124,38 @@ def test_job_survives_a_restart_of_dbus(job: Job) -> None:
     assert proc.returncode == 0, err
     assert "internal error" not in err and "Traceback" not in err, err
     assert record(job)["status"] == 0
+    assert_clean(job)
+
+
+def published_running(job: Job) -> bool:
+    """`gpulaunch status JOB` finds the job running on the bus (not in a record)."""
+    res = gl(job, "status", "--json", job.id, timeout=60)
+    return res.returncode == 0 and json.loads(res.stdout)["state"] == "running"
+
+
+def test_the_job_is_published_again_after_a_restart_of_dbus(job: Job) -> None:
+    """The watcher's object comes back with the bus; Stop() works on it; said once."""
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300"])
+    try:
+        for rank in range(2):
+            job.wait_file(f"rank{rank}.ready")
+        assert published_running(job)
+        for _ in range(2):  # twice: the warning is said once
+            res = job.box.run(["systemctl", "restart", "dbus"], capture_output=True, text=True)
+            assert res.returncode == 0, res.stderr
+            wait_until(lambda: published_running(job), 60, "the job on the bus again")
+        res = gl(job, "stop", job.id, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert "stopped by SIGTERM (status 143)" in res.stderr, res.stderr
+        _, err = proc.communicate(timeout=120)  # it ends by itself (no late signal: item 6)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    assert err.count("the system bus went away") == 1, err
+    assert "internal error" not in err and "Traceback" not in err, err
+    assert record(job)["status"] == 143
     assert_clean(job)
 
 
@@ -120,3 +173,75 @@ def test_daemon_reexec_during_start_up(job: Job) -> None:
         assert "internal error" not in err, err
         assert_clean(job)
     print("daemon-reexec during start-up:", outcomes)
+
+
+def restart_session_bus(job: Job, as_user: list[str]) -> None:
+    res = job.box.run(
+        [*as_user, "systemctl", "--user", "restart", "dbus"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def user_record(job: Job, as_user: list[str]) -> dict[str, Any]:
+    res = gl(job, "status", "--json", job.id, prefix=as_user)
+    assert res.returncode == 0, res.stderr
+    view: dict[str, Any] = json.loads(res.stdout)
+    return view
+
+
+def test_a_detached_user_job_survives_a_restart_of_the_session_bus(
+    box_user: tuple[int, list[str]], job: Job
+) -> None:
+    """`systemctl --user restart dbus`: the watcher reaches its user manager again (the
+    systemd side goes over that bus too) and publishes the job again; Stop() works."""
+    _, as_user = box_user
+    os.chmod(job.dir, 0o777)
+    argv = job.argv("-d", "--nproc", "2", script_args=["--sleep", "300"])
+    res = job.box.run([*as_user, *argv], cwd=str(REPO), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for rank in range(2):
+        job.wait_file(f"rank{rank}.ready")
+    restart_session_bus(job, as_user)
+
+    def running() -> bool:
+        res = gl(job, "status", "--json", job.id, prefix=as_user, timeout=60)
+        return res.returncode == 0 and json.loads(res.stdout)["state"] == "running"
+
+    wait_until(running, 60, "the job on the session bus again")
+    res = gl(job, "stop", job.id, prefix=as_user, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "stopped by SIGTERM (status 143)" in res.stderr, res.stderr
+    wait_until(lambda: not job.alive(), 10, "the ranks to be gone")
+    assert user_record(job, as_user)["status"] == 143
+
+
+def test_a_user_job_with_its_front_end_ends_cleanly_when_the_session_bus_restarts(
+    box_user: tuple[int, list[str]], job: Job
+) -> None:
+    """The front end's name on the bus ties the job to it (Type=dbus): systemd stops the
+    job when the bus goes away. It ends recorded, as for a SIGTERM; the front end exits
+    with that status after one line saying why, no traceback, nothing left."""
+    _, as_user = box_user
+    os.chmod(job.dir, 0o777)
+    proc = job.box.popen(
+        [*as_user, *job.argv("--nproc", "2", script_args=["--sleep", "300"])],
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for rank in range(2):
+            job.wait_file(f"rank{rank}.ready")
+        restart_session_bus(job, as_user)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    assert err.count("your session bus went away under job") == 1, err
+    assert "it ended with status 143" in err, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert user_record(job, as_user)["status"] == 143
+    wait_until(lambda: not job.alive(), 10, "the ranks to be gone")

@@ -18,7 +18,7 @@ from dbus_fast.validators import is_bus_name_valid, is_object_path_valid
 
 from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi import record
-from gpulaunch.jobapi.publisher import (
+from gpulaunch.jobapi.interface import (
     FINISHED_SIGNATURE,
     POLICY_FILE,
     RANK_EXITED_SIGNATURE,

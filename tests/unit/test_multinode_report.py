@@ -13,7 +13,7 @@ from dbus_fast import Variant
 from dbus_fast.introspection import Node
 
 from gpulaunch.jobapi import record
-from gpulaunch.jobapi.publisher import interface_xml
+from gpulaunch.jobapi.interface import interface_xml
 from gpulaunch.jobapi.record import Recorder
 from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView, RankView
 from gpulaunch.model import (
