@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--only N[,N...]] [--reps N] [--out DIR]`.
+"""`python -m bench [--quick] [--only N[,N...]] [--reps N] [--out DIR]`; `python -m bench soak`.
 
 Runs the scenarios of bench/scenarios/ under gpulaunch and under `torchrun --standalone` (and
 scenario 7, three nodes on loopback, under both launchers' multi-node options) and
@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["soak"]:  # the fault soak: bench/soak/
+        from bench.soak.cli import main as soak
+
+        return soak(args_list[1:])
     args = _parser().parse_args(args_list)
     try:
         only = {int(n) for item in args.only for n in item.split(",") if n}
