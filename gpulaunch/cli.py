@@ -102,6 +102,15 @@ def _add_job_commands(sub: Any) -> None:
     add_manager_options(p)
     p.set_defaults(func=_command("jobapi.commands", "cmd_wait"))
 
+    p = sub.add_parser(
+        "signal", help="pass SIGUSR1 or SIGUSR2 on to a job's ranks; the job goes on"
+    )
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("signal", type=_notice, metavar="SIG", help="USR1 or USR2 (SIGUSR1, 10, ...)")
+    p.add_argument("--rank", type=int, metavar="N", help="only this (global) rank")
+    add_manager_options(p)
+    p.set_defaults(func=_command("jobapi.commands", "cmd_signal"))
+
     p = sub.add_parser("logs", help="show a job's rank output from the journal")
     p.add_argument("job", help="the job id")
     p.add_argument("--rank", type=int, metavar="N", help="only this rank")
@@ -118,6 +127,19 @@ def _add_job_commands(sub: Any) -> None:
     )
     add_manager_options(p, "logs")
     p.set_defaults(func=_command("logs.command", "cmd_logs"))
+
+
+def _notice(text: str) -> int:
+    """SIGUSR1 or SIGUSR2, by name (with or without SIG) or number."""
+    import signal
+
+    name = text.upper().removeprefix("SIG")
+    for notice in (signal.SIGUSR1, signal.SIGUSR2):
+        if name in (notice.name.removeprefix("SIG"), str(int(notice))):
+            return int(notice)
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a notice: USR1 or USR2 (stop a job with 'gpulaunch stop')"
+    )
 
 
 def _interval(text: str) -> float:

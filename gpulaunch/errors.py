@@ -118,6 +118,12 @@ class StoppedWhileStartingError(GpulaunchError):
     exit_code = 143
 
 
+class SupervisorError(GpulaunchError):
+    """The direct supervisor could not make or use the job's cgroups."""
+
+    exit_code = 71  # EX_OSERR, as systemd's failures
+
+
 class WatcherCallError(GpulaunchError):
     """A job's watcher answered a call on the bus with an error we did not expect."""
 

@@ -21,6 +21,14 @@ class Manager(enum.StrEnum):
     USER = "user"
 
 
+class SupervisorKind(enum.StrEnum):
+    """Who contains and stops a job's ranks (`--supervisor`; gpulaunch/supervisor/choose.py)."""
+
+    SYSTEMD = "systemd"  # scopes and slices of a systemd manager
+    DIRECT = "direct"  # the watcher: its own cgroups, else process groups
+    AUTO = "auto"  # direct in a Slurm step or without a manager, else systemd
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """One rank as planned: what runs, with which environment, in which unit."""
@@ -57,6 +65,7 @@ class JobSpec:
     command: tuple[str, ...] = ()  # what the user asked to run, as given (for descriptions)
     node_config: NodeConfig | None = None  # multi-node: how this node joins the others
     layout: Layout | None = None  # multi-node: where the rendezvous put this node
+    signal_whole_rank: bool = False  # SIGUSR1/2 to every process of a rank, not only its main
 
 
 class RankState(enum.StrEnum):
@@ -262,11 +271,26 @@ HUNG_STATUS = 124  # like timeout(1)
 
 @dataclass(frozen=True)
 class LogDrop:
-    """journald kept fewer of a rank's lines than the rank wrote (its rate limit)."""
+    """journald kept fewer of a rank's lines than the rank wrote.
+
+    Its rate limit, or (`unreachable`) it was away for a while (stopped, restarted).
+    """
 
     rank: int
     written: int
     stored: int
+    unreachable: bool = False
+
+
+@dataclass(frozen=True)
+class LogFileGap:
+    """A `--log-dir` file that stopped being written (a full disk, an I/O error)."""
+
+    rank: int
+    path: str
+    error: str  # strerror, e.g. "No space left on device"
+    lines_before: int  # the rank's lines written before it stopped (the last may be cut)
+    lines_total: int = 0  # the rank's lines in all
 
 
 @dataclass(frozen=True)
@@ -279,8 +303,11 @@ class JobReport:
     cause_rank: int | None
     interrupt_signal: int | None
     ranks: tuple[RankResult, ...] = field(default_factory=tuple)
+    # interrupted, not by a signal to the watcher: "gpulaunch stop", "a stop of X from outside"
+    interrupted_by: str | None = None
     error: str | None = None
     log_drops: tuple[LogDrop, ...] = ()
+    log_file_gaps: tuple[LogFileGap, ...] = ()
     restarts: int = 0  # how many times the gang was restarted (--max-restarts)
     layout: Layout | None = None  # multi-node: this node and the others
     node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node

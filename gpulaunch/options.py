@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
-from gpulaunch.model import Manager
+from gpulaunch.model import Manager, SupervisorKind
 from gpulaunch.multinode.options import NodeOptions
 from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.placement import Resources
@@ -88,7 +88,8 @@ TORCHRUN_ONLY = {
     ("--logs-specs", "--logs_specs"): "use --log-dir",
     ("--numa-binding", "--numa_binding"): "use --cpu-bind numa",
     ("--signals-to-handle", "--signals_to_handle"): "SIGINT, SIGTERM and SIGHUP stop the "
-    "job through systemd",
+    "job; SIGUSR1 and SIGUSR2 are passed on to the ranks (--signal-whole-rank: to all their "
+    "processes)",
 }
 
 
@@ -246,6 +247,19 @@ def add_start_options(p: argparse.ArgumentParser) -> None:
         help="look for unit templates here first (repeatable)",
     )
     add_manager_options(p, "the job's units")
+    p.add_argument(
+        "--supervisor",
+        choices=[kind.value for kind in SupervisorKind],
+        default=SupervisorKind.AUTO.value,
+        help="who contains and stops the ranks: systemd (scopes and slices), direct (the "
+        "watcher: its own cgroups, else process groups) or auto (default: direct in a Slurm "
+        "step or where no systemd manager answers; see docs/environments.md)",
+    )
+    p.add_argument(
+        "--signal-whole-rank",
+        action="store_true",
+        help="pass SIGUSR1/SIGUSR2 on to every process of each rank, not only its main one",
+    )
     p.add_argument("script", help="the training script (run with this Python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -363,6 +377,8 @@ def start_options(args: argparse.Namespace) -> StartOptions:
             rdzv_conf=args.rdzv_conf,
             local_addr=args.local_addr,
         ),
+        signal_whole_rank=args.signal_whole_rank,
+        supervisor=SupervisorKind(args.supervisor),
     )
 
 

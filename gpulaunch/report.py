@@ -32,10 +32,8 @@ def headline(report: JobReport) -> str:
         return f"gpulaunch: job {report.job} succeeded ({ranks})"
     if report.cause is Cause.INTERRUPTED:
         assert report.interrupt_signal is not None
-        return (
-            f"gpulaunch: job {report.job} stopped by {signal_name(report.interrupt_signal)} "
-            f"(status {report.status})"
-        )
+        by = report.interrupted_by or signal_name(report.interrupt_signal)
+        return f"gpulaunch: job {report.job} stopped by {by} (status {report.status})"
     if report.cause is Cause.HUNG:
         return (
             f"gpulaunch: job {report.job} hung: no output and no CPU use for --hang-timeout "
@@ -154,10 +152,25 @@ def format_report(report: JobReport) -> str:
             f"rank {failure.rank}'s error (on node {failure.node}), from {failure.error_source}:"
         )
         lines += ["  " + line for line in failure.error.splitlines()]
+    gaps = {gap.rank for gap in report.log_file_gaps}
     for drop in report.log_drops:
+        kept = "the live view has" if drop.rank in gaps else "the live view and --log-dir have"
+        if drop.unreachable:
+            lines.append(
+                f"gpulaunch: warning: journald missed {drop.written - drop.stored} of rank "
+                f"{drop.rank}'s {drop.written} lines (it could not be reached for a while: "
+                f"stopped or restarted); {kept} all of them"
+            )
+            continue
         lines.append(
             f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "
-            f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); the live view and "
-            f"--log-dir have all of them. To keep every line in the journal: {JOURNALD_FIX}"
+            f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); {kept} all of them. "
+            f"To keep every line in the journal: {JOURNALD_FIX}"
+        )
+    for gap in report.log_file_gaps:
+        lines.append(
+            f"gpulaunch: warning: {gap.path} lacks rank {gap.rank}'s lines after the first "
+            f"{gap.lines_before} of {gap.lines_total} ({gap.error}); the live view and the "
+            "journal have them"
         )
     return "\n".join(lines)

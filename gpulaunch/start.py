@@ -17,11 +17,13 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 from gpulaunch.debug.options import HangOptions
+from gpulaunch.errors import NoSystemdError
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
-from gpulaunch.model import JobSpec, Manager
+from gpulaunch.model import JobSpec, Manager, SupervisorKind
 from gpulaunch.multinode.protocol import Layout
+from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import count, format_report
@@ -29,7 +31,7 @@ from gpulaunch.units.definitions import JobUnits
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
-from gpulaunch.watcher.interrupts import install_wakeup
+from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
@@ -62,21 +64,26 @@ def start(
     which runs it again as a service of the user manager where that manager cannot
     adopt us (`frontend_child` there).
     """
-    if opts.manager is Manager.USER:
+    if opts.manager is Manager.USER and _may_use_systemd(opts):
         from gpulaunch.frontend.need import needs_frontend
         from gpulaunch.frontend.userbus import ensure_user_bus
 
-        address = ensure_user_bus()
-        if not frontend_child and needs_frontend(opts.manager):
+        try:
+            address: str | None = ensure_user_bus()
+        except NoSystemdError:
+            if opts.supervisor is SupervisorKind.SYSTEMD:
+                raise
+            address = None  # auto: the direct supervisor (supervisor/choose.py says why)
+        if address is not None and not frontend_child and needs_frontend(opts.manager):
             from gpulaunch.frontend.run import run_frontend
 
             return run_frontend(plan(opts)[0], argv, address, detach)
+    from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
     from gpulaunch.logs.pump import journal_reachable
     from gpulaunch.multinode.peerlink import PeerLink
-    from gpulaunch.supervisor.systemd import SystemdSupervisor
-    from gpulaunch.supervisor.systemd_api import Systemd  # pystemd: only to run jobs
+    from gpulaunch.supervisor.choose import open_supervisor
     from gpulaunch.watcher.errorfile import runtime_base
     from gpulaunch.watcher.hangwatch import HangWatch
     from gpulaunch.watcher.limits import check_job_fits
@@ -126,29 +133,51 @@ def start(
             assert spec.layout is not None
             output.place_node(spec.layout.first_rank, spec.world_size)
 
+        def warn(text: str) -> None:
+            output.message(f"gpulaunch: warning: {text}")
+
+        chosen = open_supervisor(opts.supervisor, spec, units, os.environ, stack, warn)
+        direct = chosen.supervisor.name == "direct"
+
         def announce() -> None:
-            output.message(f"gpulaunch: job {spec.job}: {_where(spec)}")
+            output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
+            output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
             # warnings about a job that runs: not before its units exist (it may be refused)
             _warn_about(spec, output)
             if detached is not None:
                 detached.started()
 
-        systemd = stack.enter_context(Systemd(spec.manager))
+        def signal_ranks(signum: int, rank: int | None) -> int:
+            return watcher.signal_ranks(signum, rank)
+
+        # the records first: Finished says they exist. Without systemd, a record file too,
+        # and a bus is welcome but not needed.
+        observers = (
+            *((FileRecorder(warn),) if direct else ()),
+            Recorder(warn=(lambda _: None) if direct else None),  # the file has it then
+            JobPublisher(
+                last_output=output.last_line_at, signal_ranks=signal_ranks, optional=direct
+            ),
+        )
         watcher = Watcher(
             spec,
-            SystemdSupervisor(systemd, units),
+            chosen.supervisor,
             wakeup,
             on_created=announce,
-            # the record first: Finished says it exists
-            observers=(Recorder(), JobPublisher(last_output=output.last_line_at)),
+            observers=observers,
             output=output,
             journal=journal_problem is None,
             peer=peer,
             hang=hang,
         )
-        report = watcher.run()
+        try:
+            report = watcher.run()
+        finally:
+            ignore_interrupts()  # the end is decided: its status is the exit status
+    report = replace(report, log_file_gaps=output.log_file_gaps)
     if journal_problem is None:
-        report = replace(report, log_drops=journal_drops(spec, output))
+        missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
+        report = replace(report, log_drops=journal_drops(spec, output, missed))
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
 
@@ -167,32 +196,43 @@ def _warn_about(spec: JobSpec, output: Output) -> None:
         )
 
 
-def _where(spec: JobSpec) -> str:
+def _where(spec: JobSpec, where: str) -> str:
     """Where the job's ranks run, for the start line."""
     if spec.layout is None:
-        return f"{count(spec.nproc, 'rank')} in {spec.names.job_slice}"
+        return f"{count(spec.nproc, 'rank')} in {where}"
     first = spec.layout.first_rank
     return (
         f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"
-        f"{first + spec.nproc - 1} of {spec.world_size} in {spec.names.job_slice}"
+        f"{first + spec.nproc - 1} of {spec.world_size} in {where}"
     )
 
 
-def journal_drops(spec: JobSpec, output: Output) -> tuple[LogDrop, ...]:
-    """Ranks of which journald kept fewer lines than they wrote (its rate limit)."""
+def journal_drops(
+    spec: JobSpec, output: Output, missed: frozenset[int] = frozenset()
+) -> tuple[LogDrop, ...]:
+    """Ranks of which journald kept fewer lines than they wrote.
+
+    Its rate limit, or it was away for a while: the pumps of the ranks in
+    `missed` could not hand it every line.
+    """
     burst = rate_limit_burst()
-    if burst is None:
-        return ()
     drops = []
     synced = False
     for rank in spec.ranks:
         written = output.lines(rank.rank)
-        if written <= burst:
+        if (burst is None or written <= burst) and rank.rank not in missed:
             continue  # the limit cannot have been reached
         if not synced:
             journal_sync(spec.manager)
             synced = True
         stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}")
         if stored < written:
-            drops.append(LogDrop(rank=rank.rank, written=written, stored=stored))
+            drops.append(LogDrop(rank.rank, written, stored, unreachable=rank.rank in missed))
     return tuple(drops)
+
+
+def _may_use_systemd(opts: StartOptions) -> bool:
+    """Whether the job could run under systemd (else no front end, no user bus needed)."""
+    if opts.supervisor is SupervisorKind.DIRECT:
+        return False
+    return opts.supervisor is SupervisorKind.SYSTEMD or resource_manager_step(os.environ) is None

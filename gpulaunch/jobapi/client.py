@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from gpulaunch.errors import AccessDeniedError, WatcherCallError
+from gpulaunch.errors import AccessDeniedError, UsageError, WatcherCallError
 from gpulaunch.jobapi.bus import ACCESS_DENIED, DBUS, DBUS_PATH, PROPERTIES, connect
 from gpulaunch.jobapi.view import (
     INTERFACE,
@@ -32,6 +32,7 @@ from gpulaunch.jobapi.view import (
 from gpulaunch.model import Manager
 
 T = TypeVar("T")
+INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 _GONE = (
     "org.freedesktop.DBus.Error.ServiceUnknown",
     "org.freedesktop.DBus.Error.NameHasNoOwner",
@@ -77,7 +78,10 @@ class JobClient:
         self.manager = manager
 
     async def _call(self, msg: Message) -> Message:
-        reply = await self.bus.call(msg)
+        return self._checked(msg, await self.bus.call(msg))
+
+    @staticmethod
+    def _checked(msg: Message, reply: Message) -> Message:
         if reply.message_type is MessageType.ERROR:
             if reply.error_name in _GONE:
                 raise _Gone(reply.error_name)
@@ -182,6 +186,25 @@ class JobClient:
         except _Gone:
             return WaitResult(final=None, running=False)
         return None
+
+    async def signal(self, job: str, signum: int, rank: int) -> int | None:
+        """Signal(signum, rank) on the job's watcher: how many ranks got it; None: not running."""
+        call = _dbus_call(
+            bus_name(job), object_path(job), INTERFACE, "Signal", "ii", [signum, rank]
+        )
+        try:
+            answer = await self.bus.call(call)
+            if answer.message_type is MessageType.ERROR and answer.error_name == INVALID_ARGS:
+                raise UsageError(f"cannot signal job {job!r}: {_error_text(answer)}")
+            reply = self._checked(call, answer)
+        except _Gone:
+            return None
+        except _Denied as exc:
+            raise AccessDeniedError(
+                f"not allowed to signal job {job!r}: {exc}",
+                "only the user who started a job, or root, may signal it",
+            ) from None
+        return int(reply.body[0])
 
     async def stop(self, job: str) -> None:
         """Ask the job's watcher to stop it; `_Gone` if it is not running."""

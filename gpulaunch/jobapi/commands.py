@@ -2,6 +2,8 @@
 
 A running job is asked on the bus (its watcher owns `io.gpulaunch.job.<label>`;
 jobclient.py); a job that ended is read from its journal record (record.py).
+Where there is neither bus nor journal (the direct supervisor in a container),
+the job's record file says both (filerecord.py).
 `wait` and `stop` sleep until the job's `Finished` signal, or until its
 watcher's name goes away without one (then the record, if any, says how it
 ended).
@@ -11,19 +13,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from gpulaunch.errors import NoSystemdError
-from gpulaunch.jobapi import record
+from gpulaunch.errors import (
+    AccessDeniedError,
+    JobLostError,
+    NoSystemdError,
+    UnavailableError,
+    UsageError,
+)
+from gpulaunch.jobapi import filerecord, record
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.report import count, format_report, format_table, nodes_line
+from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
-    from gpulaunch.jobapi.client import JobClient
+    from gpulaunch.jobapi.client import JobClient, WaitResult
     from gpulaunch.resources.sample import JobSample
 
 T = TypeVar("T")
@@ -36,6 +46,38 @@ def _with_client(manager: Manager, work: Callable[[JobClient], Awaitable[T]]) ->
 
 
 # -- the commands --------------------------------------------------------------
+
+
+def final_view(job: str, manager: Manager, outcome: WaitResult) -> JobView:
+    """The final view: from the signal, else the record; errors if there is neither."""
+    if outcome.final is not None:
+        return outcome.final
+    found = _record(job, manager)
+    if found is not None and found.state.ended:
+        return found
+    if not outcome.running:
+        raise record.unknown_job(job, manager)
+    raise JobLostError(
+        f"the watcher of job {job!r} went away without saying how the job ended "
+        "(was it killed?); systemd has stopped its ranks",
+        f"see journalctl _SYSTEMD_SLICE={UnitNames.for_job(job).job_slice}",
+    )
+
+
+def _record(job: str, manager: Manager) -> JobView | None:
+    """The job's journal record, else its record file (the direct supervisor's)."""
+    try:
+        found = record.find(job, manager)
+    except UnavailableError:  # no journalctl here
+        found = None
+    return found or filerecord.find(job)
+
+
+def _lost(job: str) -> JobLostError:
+    return JobLostError(
+        f"the watcher of job {job!r} went away without saying how the job ended (was it killed?)",
+        "its ranks were killed with it (PR_SET_PDEATHSIG); see its --log-dir, if any",
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -73,7 +115,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         view = _with_client(manager, lambda c: c.find(args.job))
     except NoSystemdError as exc:  # the record may still tell
         view, unreachable = None, exc
-    view = view or record.find(args.job, manager)
+    view = view or _record(args.job, manager)
     if view is None:
         raise unreachable or record.unknown_job(args.job, manager)
     sample = None
@@ -119,7 +161,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if outcome is None:
         print(f"gpulaunch: job {job} is stopping", file=sys.stderr)
         return 0
-    view = record.final_view(job, manager, outcome)
+    view = final_view(job, manager, outcome)
     if not outcome.running:
         print(f"gpulaunch: job {job} is not running; it ended before", file=sys.stderr)
     print(format_report(view.report()), file=sys.stderr)
@@ -128,11 +170,26 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     manager: Manager = args.manager
+    outcome: WaitResult | None = None
     try:
-        outcome = _with_client(manager, lambda c: c.wait(args.job))
+        try:
+            outcome = _with_client(manager, lambda c: c.wait(args.job))
+        except NoSystemdError:
+            pass
+        if outcome is None or (
+            outcome.final is None and not outcome.running
+        ):  # not on a bus: a direct job's record file may know it
+            found = filerecord.wait(args.job)
+            if found is not None and not found.state.ended:
+                raise _lost(args.job)
+            if found is not None:
+                print(format_report(found.report()), file=sys.stderr)
+                return found.status
+        if outcome is None:
+            raise record.unknown_job(args.job, manager)
+        view = final_view(args.job, manager, outcome)
     except KeyboardInterrupt:
         return 130
-    view = record.final_view(args.job, manager, outcome)
     print(format_report(view.report()), file=sys.stderr)
     return view.status
 
@@ -172,3 +229,38 @@ def _live(view: JobView) -> str:
     if view.node_failure is not None:
         lines.append(f"  the job's first failure: {view.node_failure.describe()}")
     return "\n".join(lines + ["  " + line for line in format_table(rows).splitlines()])
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    """`gpulaunch signal JOB SIG [--rank N]`: a notice to the ranks; the job goes on."""
+    import signal as signals
+
+    manager: Manager = args.manager
+    signum = int(args.signal)
+    rank = -1 if args.rank is None else args.rank
+    try:
+        sent = _with_client(manager, lambda c: c.signal(args.job, signum, rank))
+    except NoSystemdError:
+        sent = None
+    if sent is None:  # not on a bus: a direct job's watcher passes a notice on to every rank
+        found = filerecord.find(args.job)
+        if found is None or found.state.ended:
+            raise record.unknown_job(args.job, manager)
+        if rank >= 0:
+            raise UsageError(
+                f"job {args.job!r} has no job API (no bus): --rank needs it",
+                "signal every rank (leave out --rank)",
+            )
+        try:
+            os.kill(found.watcher_pid, signum)
+        except ProcessLookupError:
+            raise _lost(args.job) from None
+        except PermissionError:
+            raise AccessDeniedError(
+                f"not allowed to signal job {args.job!r}",
+                "only the user who started a job, or root, may signal it",
+            ) from None
+        sent = found.world_size
+    name = signals.Signals(signum).name
+    print(f"gpulaunch: job {args.job}: {name} sent to {sent} rank(s)", file=sys.stderr)
+    return 0

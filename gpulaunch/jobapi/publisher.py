@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -60,6 +61,9 @@ from gpulaunch.jobapi.view import (
     object_path,
 )
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
+
+INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
+NOTICES = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # what Signal() passes on
 
 # Signal signatures (gpulaunch/data/dbus/io.gpulaunch.Job1.xml has their argument names).
 RANK_EXITED_SIGNATURE = "isiibi"
@@ -133,9 +137,14 @@ class JobPublisher:
         self,
         warn: Callable[[str], None] | None = None,
         last_output: Callable[[int], float | None] | None = None,
+        signal_ranks: Callable[[int, int | None], int] | None = None,
+        optional: bool = False,
     ) -> None:
         self._last_output = last_output or (lambda rank: None)
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
+        # Signal(): the watcher's notice to its ranks (signal, global rank or None: all)
+        self._signal_ranks = signal_ranks or (lambda signum, rank: 0)
+        self._optional = optional  # no bus is no error (the direct supervisor)
         self._job: JobProgress | None = None
         self._stop_job: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -166,6 +175,13 @@ class JobPublisher:
             self._bus = loop.run_until_complete(self._open(job.spec.job, job.spec.manager))
         except PolicyMissingError as exc:  # the job runs; only its API is off
             self._warn(f"{exc.message}; {exc.hint}")
+        except NoSystemdError as exc:
+            if not self._optional:
+                raise
+            self._warn(
+                f"job {job.spec.job!r} runs without its job API on a bus ({exc.message}); "
+                "gpulaunch status, wait and signal read its record file instead"
+            )
 
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
         self._job = job
@@ -342,7 +358,11 @@ class JobPublisher:
             return Message.new_method_return(msg, "s", [self._xml])
         if iface == PROPERTIES or (iface is None and member in ("Get", "GetAll", "Set")):
             return self._properties(msg)
-        if member == "Stop" and iface in (None, INTERFACE) and msg.signature == "":
+        if member in ("Stop", "Signal") and iface in (None, INTERFACE):
+            if msg.signature != ("" if member == "Stop" else "ii"):
+                return Message.new_error(
+                    msg, INVALID_ARGS, f"{member} takes ({'' if member == 'Stop' else 'ii'})"
+                )
             assert self._loop is not None
             task = self._loop.create_task(self._stop(msg))
             self._tasks.add(task)
@@ -385,13 +405,13 @@ class JobPublisher:
         try:
             answer = await self._try_stop(msg)
         except Exception as exc:  # a task's exception would only be logged, late
-            self._warn(f"Stop() from {msg.sender} failed: {exc!r}")
+            self._warn(f"{msg.member}() from {msg.sender} failed: {exc!r}")
             answer = Message.new_error(msg, "org.freedesktop.DBus.Error.Failed", repr(exc))
         if not msg.flags & MessageFlag.NO_REPLY_EXPECTED:
             self._send(answer)
 
     async def _try_stop(self, msg: Message) -> Message:
-        """Stop(): only the job's owner or root; the caller's uid comes from the bus."""
+        """Stop() and Signal(): only the job's owner or root; the caller's uid from the bus."""
         assert self._bus is not None and self._job is not None
         query = Message(
             destination=DBUS,
@@ -413,8 +433,29 @@ class JobPublisher:
                 f"uid {reply.body[0]} is neither the owner of job {self._job.spec.job!r} "
                 f"(uid {self.owner}) nor root",
             )
+        if msg.member == "Signal":
+            return self._signal(msg)
         self._stop_job()
         return Message.new_method_return(msg)
+
+    def _signal(self, msg: Message) -> Message:
+        """Signal(signal, rank): a notice (SIGUSR1, SIGUSR2) to one rank (-1: all); the job
+        goes on. Returns how many ranks got it."""
+        assert self._job is not None
+        signum, rank = int(msg.body[0]), int(msg.body[1])
+        if signum not in NOTICES:
+            return Message.new_error(
+                msg, INVALID_ARGS, f"signal {signum} is not a notice: only SIGUSR1 and SIGUSR2"
+            )
+        ranks = {r.rank for r in self._job.ranks}
+        if rank != -1 and rank not in ranks:
+            return Message.new_error(
+                msg,
+                INVALID_ARGS,
+                f"rank {rank} is not one of this node's ({min(ranks)}-{max(ranks)})",
+            )
+        sent = self._signal_ranks(signum, None if rank == -1 else rank)
+        return Message.new_method_return(msg, "u", [sent])
 
 
 def _child_node(path: str, parent: str) -> str | None:

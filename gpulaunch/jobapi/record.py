@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulaunch.errors import JobLostError, UnavailableError, UnknownJobError
+from gpulaunch.errors import UnavailableError, UnknownJobError
 from gpulaunch.jobapi.view import (
     JobState,
     JobView,
@@ -37,12 +37,9 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause, JobProgress, JobReport, Manager, RankProgress
 from gpulaunch.report import headline
-from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
     import asyncio
-
-    from gpulaunch.jobapi.client import WaitResult
 
 
 MESSAGE_ID = "74b8d59289c14f16ad639b2abe1d2863"
@@ -82,6 +79,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "CAUSE_NODE", str(view.cause_node)))
         out.append((_PREFIX + "CAUSE_HOST", view.cause_host))
         out.append((_PREFIX + "CAUSE_WHAT", view.cause_what))
+    if view.interrupted_by:
+        out.append((_PREFIX + "INTERRUPTED_BY", view.interrupted_by))
     if view.error:
         out.append((_PREFIX + "ERROR", view.error))
     if view.restarts:
@@ -210,6 +209,7 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             cause_node=_int(entry, _PREFIX + "CAUSE_NODE"),
             cause_host=_text(entry.get(_PREFIX + "CAUSE_HOST")),
             cause_what=_text(entry.get(_PREFIX + "CAUSE_WHAT")),
+            interrupted_by=_text(entry.get(_PREFIX + "INTERRUPTED_BY")),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -269,20 +269,4 @@ def unknown_job(job: str, manager: Manager) -> UnknownJobError:
     return UnknownJobError(
         f"no job {job!r} is running on {bus_title(manager)}, and the journal has no record of it",
         "see 'gpulaunch list --all'; --system or --user choose whose jobs",
-    )
-
-
-def final_view(job: str, manager: Manager, outcome: WaitResult) -> JobView:
-    """The final view: from the signal, else the record; errors if there is neither."""
-    if outcome.final is not None:
-        return outcome.final
-    found = find(job, manager)
-    if found is not None:
-        return found
-    if not outcome.running:
-        raise unknown_job(job, manager)
-    raise JobLostError(
-        f"the watcher of job {job!r} went away without saying how the job ended "
-        "(was it killed?); systemd has stopped its ranks",
-        f"see journalctl _SYSTEMD_SLICE={UnitNames.for_job(job).job_slice}",
     )

@@ -276,6 +276,7 @@ class JobView:
     # µs since the epoch of each rank's last output line, in `ranks` order (0: none yet);
     # () where unknown (a record, or a watcher that does not publish it).
     last_output: tuple[int, ...] = ()
+    interrupted_by: str = ""  # what interrupted it, when not a signal to its watcher
 
     @property
     def layout(self) -> Layout | None:
@@ -325,6 +326,7 @@ class JobView:
             "restarts": self.restarts,
             "cause_error": self.cause_error or None,
             "cause_error_source": self.cause_error_source or None,
+            "interrupted_by": self.interrupted_by or None,
             "ended_at_usec": self.ended_at or None,
             "ranks": [ranks_json(r) for r in self.ranks],
             "node_rank": None if self.node_rank < 0 else self.node_rank,
@@ -344,6 +346,7 @@ class JobView:
                 self.cause_rank if self.cause_rank >= 0 and cause is not Cause.NODE_FAILED else None
             ),
             interrupt_signal=self.status - 128 if cause is Cause.INTERRUPTED else None,
+            interrupted_by=self.interrupted_by or None,
             ranks=tuple(
                 dataclasses.replace(
                     r.result(),
@@ -397,6 +400,7 @@ class JobView:
             cause_node=-1 if failure is None else failure.node,
             cause_host="" if failure is None else failure.host,
             cause_what="" if failure is None else failure.what,
+            interrupted_by="" if report is None else report.interrupted_by or "",
         )
 
     def properties(self) -> dict[str, tuple[str, Any]]:

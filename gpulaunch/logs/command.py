@@ -85,7 +85,7 @@ def _follow(manager: Manager, args: argparse.Namespace, printer: _Printer) -> in
     line is shown, so the end of the job is shown whole.
     """
     from gpulaunch.jobapi.client import run
-    from gpulaunch.jobapi.record import final_view
+    from gpulaunch.jobapi.commands import final_view
     from gpulaunch.report import format_report
 
     def command(follow: bool) -> list[str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import errno
 import os
 import re
 import stat
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt
+from gpulaunch.model import LogFileGap
 from gpulaunch.numberlist import parse_number_list
 
 CHUNK = 65536
@@ -102,11 +102,9 @@ class Terminal:
                 n = os.write(self.out_fd, self.pending)
             except BlockingIOError:
                 break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # nobody reads the terminal any more
-                    self.pending.clear()
-                    break
-                raise
+            except OSError:  # EPIPE: nobody reads it any more; EIO: it hung up
+                self.pending.clear()  # nobody can see it: never an error of the job's
+                break
             del self.pending[:n]
         if self.pending and not self._writer_on and self._loop is not None:
             self._loop.add_writer(self.out_fd, self._flush)
@@ -183,6 +181,8 @@ class Output:
         self._buffers: dict[tuple[int, Stream], _LineBuffer] = {}
         self._pipes: dict[int, tuple[int, Stream]] = {}
         self._files: dict[int, int] = {}
+        self._gaps: dict[int, LogFileGap] = {}  # --log-dir files given up on
+        self._watch: Callable[[int, Callable[[], None]], None] | None = None
         # The progress block: (rank, stream) -> its bar's current text, and how many
         # lines of it are on the screen (the cursor is at the end of its last line).
         self._bars: dict[tuple[int, Stream], bytes] = {}
@@ -215,10 +215,20 @@ class Output:
 
     # -- wiring -------------------------------------------------------------
 
-    def attach(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[], None]) -> None:
-        """Read pipes on `loop`; call `on_change` when a pipe closes (the watcher re-checks)."""
+    def attach(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_change: Callable[[], None],
+        watch: Callable[[int, Callable[[], None]], None] | None = None,
+    ) -> None:
+        """Read pipes on `loop`; call `on_change` when a pipe closes (the watcher re-checks).
+
+        `watch(fd, handler)` is the watcher's dispatch: what a handler raises
+        reaches the watcher's loop, never asyncio's logger.
+        """
         self._loop = loop
         self._on_change = on_change
+        self._watch = watch
         self.stdout.attach(loop)
         self.stderr.attach(loop)
 
@@ -227,12 +237,21 @@ class Output:
         os.set_blocking(fd, False)
         self._pipes[fd] = (rank, stream)
         self._buffers.setdefault((rank, stream), _LineBuffer())
-        if self.options.log_dir is not None and rank not in self._files:
+        if self.options.log_dir is not None and rank not in self._files and rank not in self._gaps:
             path = self.options.log_dir / f"rank{rank}.log"
-            self._files[rank] = os.open(
-                path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
-            )
+            try:
+                self._files[rank] = os.open(
+                    path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+                )
+            except OSError as exc:
+                self._give_up(rank, exc)
         if self._loop is not None and not self._paused:
+            self._add_reader(fd)
+
+    def _add_reader(self, fd: int) -> None:
+        if self._watch is not None:
+            self._watch(fd, lambda: self._read(fd))
+        elif self._loop is not None:
             self._loop.add_reader(fd, self._read, fd)
 
     @property
@@ -242,6 +261,13 @@ class Output:
     def lines(self, rank: int) -> int:
         """Lines a rank has written so far, stdout and stderr together."""
         return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
+
+    @property
+    def log_file_gaps(self) -> tuple[LogFileGap, ...]:
+        """The `--log-dir` files that lack some of their rank's lines, and why."""
+        return tuple(
+            replace(self._gaps[rank], lines_total=self.lines(rank)) for rank in sorted(self._gaps)
+        )
 
     def last_line_at(self, rank: int) -> float | None:
         """When (time.time()) a rank's last complete line arrived, stdout or stderr; None: none yet.
@@ -277,7 +303,7 @@ class Output:
         """A chunk of a rank's output, as it came."""
         self.last_data_at = time.monotonic()
         if rank in self._files:
-            os.write(self._files[rank], chunk)
+            self._write_file(rank, chunk)
         buf = self._buffers.setdefault((rank, stream), _LineBuffer())
         cut = chunk.rfind(b"\n")
         if cut >= 0 and (rank, stream) in self._bars:
@@ -300,6 +326,27 @@ class Output:
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
         self._maybe_pause()
+
+    def _write_file(self, rank: int, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[os.write(self._files[rank], view) :]
+        except OSError as exc:  # a full disk, an I/O error: the file ends here
+            os.close(self._files.pop(rank))
+            self._give_up(rank, exc)
+
+    def _give_up(self, rank: int, exc: OSError) -> None:
+        """A --log-dir file cannot be written: say so once; the terminal and journal go on."""
+        assert self.options.log_dir is not None
+        path = self.options.log_dir / f"rank{rank}.log"
+        error = exc.strerror or str(exc)
+        if not self._gaps:
+            self.message(
+                f"gpulaunch: warning: cannot write {path}: {error}; rank output goes on to the "
+                "terminal and the journal, and the report says what --log-dir lacks"
+            )
+        self._gaps[rank] = LogFileGap(rank, str(path), error, self.lines(rank))
 
     def eof(self, rank: int, stream: Stream) -> None:
         """The stream ended: show a last line that had no newline."""
@@ -403,7 +450,7 @@ class Output:
             return
         self._paused = False
         for fd in self._pipes:
-            self._loop.add_reader(fd, self._read, fd)
+            self._add_reader(fd)
 
     # -- the end ------------------------------------------------------------
 

@@ -10,6 +10,12 @@ the same kind of gate as the rank, and moved into the rank's scope with it.
 It ignores SIGTERM/SIGINT/SIGHUP so that it drains the pipes until the rank and
 everything holding them are gone (EOF); systemd's SIGKILL after the grace ends it
 like any process of the scope.
+
+When journald goes away (`systemctl stop systemd-journald`, a restart), the pump
+connects again at once (journald's sockets stay with systemd, which starts it
+again on the next connection), else when the rank writes more. What the rank
+wrote meanwhile reaches the terminal only; the pump then exits with
+JOURNAL_MISSED, and the watcher counts what the journal lacks for the report.
 """
 
 from __future__ import annotations
@@ -31,8 +37,17 @@ JOURNAL_STDOUT = "/run/systemd/journal/stdout"
 JOURNAL_BACKLOG = 16 << 20  # bytes a pump holds for journald before the rank must wait
 JOURNAL_DRAIN_TIMEOUT = 60.0  # at most this long for journald to read a finished stream
 # The pump drains the rank's pipes to the end; a broken watcher pipe is handled.
-IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)
+# A notice to a whole rank (SIGUSR1/2, --signal-whole-rank) is not for the pump either.
+IGNORED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGPIPE,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 CHUNK = 65536
+JOURNAL_MISSED = 3  # the pump's exit status when journald may have missed some lines
 
 # syslog priorities (sd-daemon.h): stdout as info, stderr as err.
 PRIORITY = {"stdout": 6, "stderr": 3}
@@ -123,15 +138,13 @@ class _JournalStream:
         return len(self.backlog) - self.sent
 
     def flush(self) -> bool:
-        """Write what journald takes now; False once journald is gone."""
+        """Write what journald takes now; False once journald is gone (`pending` kept)."""
         while self.pending:
             try:
                 self.sent += self.sock.send(memoryview(self.backlog)[self.sent :])
             except BlockingIOError:
                 break
             except OSError:
-                self.backlog.clear()
-                self.sent = 0
                 return False
         if self.sent and self.sent * 2 >= len(self.backlog):
             del self.backlog[: self.sent]  # compact now and then, not on every send
@@ -166,12 +179,22 @@ def run_pump(
     if rank is not None:
         name_process(rank)
     journals: dict[str, _JournalStream] = {}
+    missed = False  # journald may lack some lines: the exit status says so
+
+    def connect(stream: str, backlog: bytes = b"") -> None:
+        """A (new) journal stream; without journald, the lines go to the live copy only."""
+        nonlocal missed
+        assert journal is not None
+        try:
+            journals[stream] = _JournalStream(open_journal_stream(journal, stream))
+        except OSError:
+            missed = True  # retried when the rank writes more
+            return
+        journals[stream].backlog += backlog
+
     if journal is not None:
         for stream in inputs:
-            try:
-                journals[stream] = _JournalStream(open_journal_stream(journal, stream))
-            except OSError:
-                pass  # journald went away since the watcher checked: the live copy goes on
+            connect(stream)
     selector = selectors.DefaultSelector()
     reading = dict(inputs)
     open_live = dict(live)
@@ -197,13 +220,21 @@ def run_pump(
             writing.discard(stream)
 
     def flush(stream: str) -> None:
+        nonlocal missed
         if not journals[stream].flush():
+            # journald went away: what it had not read yet of this stream is lost
+            missed = True
             js = journals.pop(stream)
             if stream in writing:
                 selector.unregister(js.sock)
                 writing.discard(stream)
             js.sock.close()
-            return
+            connect(stream, bytes(js.backlog[js.sent :]))
+            if stream not in journals:
+                return
+            if not journals[stream].flush():  # gone again: wait for the rank's next lines
+                journals.pop(stream).sock.close()
+                return
         watch_journal(stream)
 
     set_reading(True)
@@ -230,6 +261,8 @@ def run_pump(
             if stream in open_live and not _write_all(open_live[stream], data):
                 os.close(open_live.pop(stream))
             last_newline[stream] = data.endswith(b"\n")
+            if journal is not None and stream not in journals:
+                connect(stream)  # journald was away: back now?
             if stream in journals:
                 journals[stream].backlog += data
                 flush(stream)
@@ -243,4 +276,4 @@ def run_pump(
     for js in journals.values():
         js.sock.setblocking(True)
         _close_journal(js.sock)
-    os._exit(0)
+    os._exit(JOURNAL_MISSED if missed else 0)

@@ -22,7 +22,6 @@ does), then keeps three things going, each on its own store connection:
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import json
 import logging
@@ -35,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpulaunch.linux import set_parent_death_signal
 from gpulaunch.multinode.protocol import (
     NODE_LOST_STATUS,
     Backend,
@@ -47,18 +47,15 @@ from gpulaunch.multinode.protocol import (
     decode,
     encode,
 )
-from gpulaunch.watcher.interrupts import INTERRUPTS
+from gpulaunch.watcher.interrupts import INTERRUPTS, NOTICES
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)
-PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def die_with_watcher(signum: int) -> None:
     """Until the job's units exist we are nobody's: die with the watcher (0: stop that)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    set_parent_death_signal(signum)
 
 
 class UnresolvableHost(Exception):
@@ -294,7 +291,7 @@ def _thread(target: Callable[[], None], name: str) -> None:
 
 def main() -> int:
     # The watcher handles the terminal's and systemd's signals and tells us what to do.
-    for sig in INTERRUPTS:
+    for sig in INTERRUPTS | NOTICES:
         signal.signal(sig, signal.SIG_IGN)
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     die_with_watcher(signal.SIGKILL)

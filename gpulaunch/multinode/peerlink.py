@@ -24,7 +24,7 @@ from gpulaunch.multinode.protocol import (
     decode,
     encode,
 )
-from gpulaunch.watcher.interrupts import pending
+from gpulaunch.watcher.interrupts import INTERRUPTS, pending
 from gpulaunch.watcher.procs import HeldChild, WaitStatus, kill_held, reap, spawn_held
 
 
@@ -85,7 +85,8 @@ class PeerLink:
                 for key, _ in sel.select():
                     if key.fileobj == wakeup_fd:
                         for signum in pending(wakeup_fd):
-                            raise Interrupted(signum)
+                            if signum in INTERRUPTS:  # a notice (SIGUSR1) waits for ranks
+                                raise Interrupted(signum)
                         continue
                     for kind, body in self.receive():
                         if kind == Event.JOINED:

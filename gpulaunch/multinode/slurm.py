@@ -227,3 +227,10 @@ def _check_group(group: str, entry: str) -> None:
 def _expand_first(entry: str) -> str:
     """Each bracket group becomes its first number, padding kept (`[07-09]` -> `07`)."""
     return re.sub(r"\[([0-9]+)[^\]]*\]", r"\1", entry)
+
+
+def resource_manager_step(env: Mapping[str, str]) -> str | None:
+    """The resource manager's step we run in, if any (its cgroup is not ours to leave)."""
+    if env.get("SLURM_STEP_ID") is not None and env.get("SLURM_JOB_ID") is not None:
+        return f"Slurm step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    return None

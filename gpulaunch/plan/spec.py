@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulaunch.errors import UsageError
-from gpulaunch.model import JobSpec, Manager, RankSpec
+from gpulaunch.model import JobSpec, Manager, RankSpec, SupervisorKind
 from gpulaunch.multinode.options import NodeOptions, plan_nodes
 from gpulaunch.multinode.protocol import Layout
 from gpulaunch.plan.environment import RankPlace, rank_environment
@@ -72,6 +72,8 @@ class StartOptions:
     launch: Launch = Launch.SCRIPT
     max_restarts: int = 0
     nodes: NodeOptions = NodeOptions()  # --nnodes, --node-rank, --rdzv-*, --local-addr
+    signal_whole_rank: bool = False  # --signal-whole-rank
+    supervisor: SupervisorKind = SupervisorKind.AUTO  # --supervisor (supervisor/choose.py)
 
 
 def job_stem(script: str) -> str:
@@ -223,6 +225,7 @@ def make_spec(
         command=(("-m",) if opts.launch is Launch.MODULE else ()) + (opts.script, *opts.args),
         node_config=node_config,
         layout=layout,
+        signal_whole_rank=opts.signal_whole_rank,
     )
 
 

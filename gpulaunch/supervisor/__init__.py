@@ -14,11 +14,18 @@ one small interface, `Supervisor`, and never to systemd itself:
 - `stop_ranks`: stop some ranks gracefully, the gang stays (a rank's error file
   was written: the others stop while its own exit is awaited);
 - `kill_gang`: SIGKILL every rank now (a second Ctrl-C);
-- `renew_gang`: containment for a new attempt after a gang stop (restarts).
+- `renew_gang`: containment for a new attempt after a gang stop (restarts);
+- `signal_rank`: a notice (SIGUSR1/2) to every process of one rank;
+- `parent_death_signal`: what the kernel sends the processes the watcher forks
+  when it dies (0: nothing; the supervisor stops them another way).
+- `catch_up`: hand over every event already under way before the watcher
+  judges a rank's unasked death: a rank killed by a stop from outside (for
+  systemd, `systemctl stop` of the job's slice) is then known as such
+  (`SupervisorEvents.stopped_from_outside`), never taken for a rank failure.
 
-Implementations: `systemd` (scopes and slices, gpulaunch/supervisor/systemd.py).
-Another one is added next to it and chosen in gpulaunch/start.py; the
-watcher's loop does not change.
+Implementations: `systemd` (scopes and slices, gpulaunch/supervisor/systemd.py)
+and `direct` (the watcher's own cgroups or process groups,
+gpulaunch/supervisor/direct.py), chosen in gpulaunch/supervisor/choose.py.
 """
 
 from __future__ import annotations
@@ -43,11 +50,18 @@ class SupervisorEvents(Protocol):
     def gang_stopped(self) -> None:
         """The ranks' containment is gone: every rank process has ended."""
 
+    def stopped_from_outside(self, what: str) -> None:
+        """Someone else is stopping the job's containment: the job is interrupted.
+
+        `what` says by what, for the report ("a stop of gpulaunch-x.slice from outside").
+        """
+
 
 class Supervisor(Protocol):
     """Contains a job's ranks and stops them as one."""
 
     name: str  # how the start line and `gpulaunch doctor` call it
+    parent_death_signal: int  # PR_SET_PDEATHSIG of every process the watcher forks; 0: none
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -71,3 +85,9 @@ class Supervisor(Protocol):
 
     async def renew_gang(self) -> None:
         """After a gang stop: containment for the ranks of a new attempt."""
+
+    def catch_up(self) -> None:
+        """Deliver every event that is already on its way (a stop from outside)."""
+
+    def signal_rank(self, rank: int, signum: int) -> None:
+        """Send `signum` to every process of rank `rank` (a notice, not a stop)."""

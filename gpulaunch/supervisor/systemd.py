@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from gpulaunch.errors import JobExistsError, SystemdError
 from gpulaunch.supervisor import SupervisorEvents, Watch, anchor
-from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, SystemdAPI
+from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 
@@ -40,6 +40,7 @@ class SystemdSupervisor:
     """Scopes and slices of the system or a user manager (gpulaunch.supervisor.Supervisor)."""
 
     name = "systemd"
+    parent_death_signal = 0  # the rank scopes are BindsTo= the watcher's: systemd stops them
 
     def __init__(self, systemd: SystemdAPI, units: JobUnits) -> None:
         self.sd = systemd
@@ -53,6 +54,8 @@ class SystemdSupervisor:
         self._watch: Watch | None = None
         self._fd = -1
         self._reconnected = False
+        self._gang_stop_asked = False  # then jobs on the ranks' units are ours
+        self._outside = False  # a stop from outside was reported
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -89,12 +92,14 @@ class SystemdSupervisor:
             await self._done(created, name)
             await self._done(self._start(units.watcher, watcher_pids), units.watcher.name)
         except BaseException:
+            self._outside = True  # the stop jobs that follow are ours
             self._call(lambda: self.sd.stop_unit(units.job_slice.name))
             raise
         await self.renew_gang()
 
     async def renew_gang(self) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.
+        self._gang_stop_asked = False
         await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice.name)
 
     def place(self, rank: int, pids: Sequence[int]) -> None:
@@ -144,6 +149,7 @@ class SystemdSupervisor:
 
     def stop_gang(self) -> None:
         """systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after TimeoutStopSec=."""
+        self._gang_stop_asked = True
         self._stop_job = self._call(lambda: self.sd.stop_unit(self.units.ranks_slice.name))
         self._on_bus()
         if self._stop_job is None:  # the slice is not loaded: nothing left to stop
@@ -161,6 +167,16 @@ class SystemdSupervisor:
                 self.sd.kill_unit(unit.name, signal.SIGKILL)
 
         self._call(kill_all)
+        self._on_bus()
+
+    def signal_rank(self, rank: int, signum: int) -> None:
+        self.sd.kill_unit(self.units.ranks[rank].name, signum)
+        self._on_bus()
+
+    def catch_up(self) -> None:
+        # systemd queues a stop job (JobNew) before it sends the SIGTERM: after a
+        # round trip, the news of a `systemctl stop` that killed a rank is here.
+        self.sd.ping()
         self._on_bus()
 
     def _gang_stopped(self) -> None:
@@ -218,10 +234,12 @@ class SystemdSupervisor:
             jobs = self.sd.events()
         self._handle(jobs)
 
-    def _handle(self, jobs: Sequence[JobDone]) -> None:
+    def _handle(self, jobs: Sequence[JobEvent]) -> None:
         assert self._events is not None
         for job in jobs:
-            if job.path == self._stop_job:
+            if not isinstance(job, JobDone):
+                self._queued(job.path, job.unit)
+            elif job.path == self._stop_job:
                 self._stop_job = None
                 self._gang_stopped()
             elif job.path in self._awaited:
@@ -237,3 +255,24 @@ class SystemdSupervisor:
                         f"systemd could not start {unit}: its start job ended '{job.result}'"
                     )
                 self._events.placed(rank, error)
+
+    def _queued(self, path: str, unit: str) -> None:
+        """A job on one of our units that we did not ask for is a stop from outside.
+
+        Our own jobs are known by path before their JobNew is dispatched (the
+        reply comes first); the jobs systemd adds for the ranks' units to our
+        gang stop are ours too.
+        """
+        units = self.units
+        ours = path in self._awaited or path in self._rank_jobs or path == self._stop_job
+        gang = {units.ranks_slice.name, *(r.name for r in units.ranks)}
+        job = {units.job_slice.name, units.watcher.name}
+        if (
+            ours
+            or self._outside
+            or not (unit in job or (unit in gang and not self._gang_stop_asked))
+        ):
+            return
+        self._outside = True
+        assert self._events is not None
+        self._events.stopped_from_outside(f"a stop of {unit} from outside")

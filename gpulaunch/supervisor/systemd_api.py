@@ -130,6 +130,17 @@ class JobDone:
     result: str
 
 
+@dataclass(frozen=True)
+class JobQueued:
+    """systemd queued a job (`JobNew`): ours, or someone else's (`systemctl stop`)."""
+
+    path: str
+    unit: str
+
+
+JobEvent = JobDone | JobQueued
+
+
 class SystemdAPI(Protocol):
     """What the watcher needs from systemd; `tests/unit` provides a fake."""
 
@@ -147,7 +158,9 @@ class SystemdAPI(Protocol):
 
     def kill_unit(self, name: str, signum: int) -> None: ...
 
-    def events(self) -> list[JobDone]: ...
+    def ping(self) -> None: ...
+
+    def events(self) -> list[JobEvent]: ...
 
     def reconnect(self) -> None: ...
 
@@ -176,8 +189,9 @@ class _Counter:
     own instance, and the connection keeps every instance referenced.
     """
 
-    def __init__(self, sink: list[Any] | None) -> None:
+    def __init__(self, sink: list[tuple[str, Any]] | None, kind: str = "") -> None:
         self.sink = sink
+        self.kind = kind
         self.fired = 0
         self.metadata: dict[str, Any] = {}
 
@@ -185,7 +199,7 @@ class _Counter:
         self.fired += 1
         if self.sink is not None:
             msg.process_reply(False)
-            self.sink.append(msg.body)
+            self.sink.append((self.kind, msg.body))
 
 
 class Systemd:
@@ -194,7 +208,7 @@ class Systemd:
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
         self._bus: Any = None
-        self._removed: list[Any] = []
+        self._jobs: list[tuple[str, Any]] = []  # JobNew and JobRemoved, in order
         self._callbacks: list[_Counter] = []
 
     def __enter__(self) -> Systemd:
@@ -217,14 +231,13 @@ class Systemd:
         self._callbacks = []
         try:
             self._call(b"Subscribe", [], what="subscribe to")
-            job_removed = _Counter(self._removed)
             # Everything the bus daemon sends us unasked must hit a callback too,
             # so that `events` can tell an empty queue (see _QUIET_CALLS).
-            self._callbacks.append(job_removed)
             # A direct connection's messages carry no sender: match any.
-            bus.match_signal(
-                None if private else _DEST, _PATH, _MANAGER, b"JobRemoved", job_removed
-            )
+            for member in (b"JobNew", b"JobRemoved"):
+                jobs = _Counter(self._jobs, member.decode())
+                self._callbacks.append(jobs)
+                bus.match_signal(None if private else _DEST, _PATH, _MANAGER, member, jobs)
             for member in (b"NameAcquired", b"NameLost"):
                 counter = _Counter(None)
                 self._callbacks.append(counter)
@@ -408,8 +421,20 @@ class Systemd:
         job = values.get("Job", (0, b"/"))
         return UnitState(_text(values.get("ActiveState", b"inactive")), bool(job and job[0]))
 
-    def events(self) -> list[JobDone]:
-        """Dispatch everything the bus has for us and return the jobs that finished.
+    def ping(self) -> None:
+        """A round trip to systemd: what it sent before its reply is then in our queue.
+
+        systemd announces a job (`JobNew`) before it runs it, so after a ping
+        `events` has every stop job whose SIGTERM a rank could have died of.
+        """
+        try:
+            with _signals_held():
+                self._bus.call_method(_DEST, _PATH, b"org.freedesktop.DBus.Peer", b"Ping", [])
+        except DBusBaseError:
+            pass  # only an ordering aid: without it the events come a little later
+
+    def events(self) -> list[JobEvent]:
+        """Dispatch everything the bus has for us: the jobs queued and finished, in order.
 
         Raises `ConnectionLost` when the connection is gone (then `reconnect`).
         """
@@ -423,12 +448,14 @@ class Systemd:
                     raise ConnectionLost(_error_message(exc)) from exc
                 raise
             quiet = quiet + 1 if sum(c.fired for c in self._callbacks) == fired else 0
-        done = [
+        out: list[JobEvent] = [
             JobDone(path=_text(body[1]), unit=_text(body[2]), result=_text(body[3]))
-            for body in self._removed
+            if kind == "JobRemoved"
+            else JobQueued(path=_text(body[1]), unit=_text(body[2]))
+            for kind, body in self._jobs
         ]
-        self._removed.clear()
-        return done
+        self._jobs.clear()
+        return out
 
 
 def _private_socket_usable() -> bool:

@@ -106,9 +106,27 @@ def systemd_supervisor(machine: Machine, problem: GpulaunchError | None) -> Verd
     return Verdict("systemd", False, f"{title} does not answer (see 'systemd' below)")
 
 
-# One entry per supervisor, in order of preference: a job gets the first that can run.
+def direct_supervisor(machine: Machine, problem: GpulaunchError | None) -> Verdict:
+    """direct: the watcher's own cgroups, else process groups (gpulaunch/supervisor/direct.py)."""
+    from gpulaunch.multinode.slurm import resource_manager_step
+    from gpulaunch.supervisor.cgroups import writable_cgroup
+
+    step = resource_manager_step(machine.env)
+    own, why_not = writable_cgroup()
+    how = (
+        f"a cgroup per rank under {own.path}, stopped with cgroup.kill"
+        if own is not None
+        else f"process groups, no limits ({why_not})"
+    )
+    if step is not None:
+        how += f"; auto picks it inside {step}"
+    return Verdict("direct", True, how)
+
+
+# One entry per supervisor, in order of preference: a job gets the first that can run
+# (--supervisor auto; except inside a Slurm step, where it is direct).
 SupervisorProbe = Callable[[Machine, "GpulaunchError | None"], Verdict]
-SUPERVISORS: tuple[SupervisorProbe, ...] = (systemd_supervisor,)
+SUPERVISORS: tuple[SupervisorProbe, ...] = (systemd_supervisor, direct_supervisor)
 
 
 def supervisors(machine: Machine, verdicts: Sequence[Verdict]) -> Iterable[Finding]:

@@ -11,42 +11,31 @@ exit status. inotify(7): one fd on the watcher's loop, no polling.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import os
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from gpulaunch.linux import (
+    IN_CLOSE_WRITE,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+    inotify_init,
+    inotify_read,
+    inotify_watch,
+)
 from gpulaunch.model import RankState
 from gpulaunch.watcher.errorfile import ErrorFiles
 from gpulaunch.watcher.ranks import Rank
 
-IN_CLOSE_WRITE = 0x00000008
-IN_MOVED_TO = 0x00000080
-IN_Q_OVERFLOW = 0x00004000
-IN_NONBLOCK = os.O_NONBLOCK
-IN_CLOEXEC = os.O_CLOEXEC
-_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 FILE_NAME = "error.json"  # errorfile.ErrorFiles.path's name
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-
-
-def _check(result: int, what: str) -> int:
-    if result < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"{what}: {os.strerror(code)}")
-    return result
 
 
 class ErrorFileWatch:
     """Says which (attempt, rank) just wrote its error file."""
 
     def __init__(self) -> None:
-        self.fd = _check(_libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC), "inotify_init1")
+        self.fd = inotify_init()
         self._keys: dict[int, tuple[int, int]] = {}
 
     def __enter__(self) -> ErrorFileWatch:
@@ -65,35 +54,13 @@ class ErrorFileWatch:
 
     def add(self, directory: Path, attempt: int, rank: int) -> None:
         """Watch `directory` (the rank's own, before the rank runs) for its error file."""
-        wd = _check(
-            _libc.inotify_add_watch(
-                self.fd, os.fsencode(directory), ctypes.c_uint32(IN_CLOSE_WRITE | IN_MOVED_TO)
-            ),
-            f"inotify_add_watch {directory}",
-        )
+        wd = inotify_watch(self.fd, directory, IN_CLOSE_WRITE | IN_MOVED_TO)
         self._keys[wd] = (attempt, rank)
 
     def read(self) -> list[tuple[int, int]]:
         """The (attempt, rank) pairs whose error file was written since the last read."""
-        written: list[tuple[int, int]] = []
-        while True:
-            try:
-                data = os.read(self.fd, 64 * 1024)
-            except BlockingIOError:
-                return written
-            except OSError as exc:  # pragma: no cover - defensive
-                if exc.errno == errno.EINTR:
-                    continue
-                raise
-            written += self.parse(data)
-
-    def parse(self, data: bytes) -> list[tuple[int, int]]:
-        found = []
-        offset = 0
-        while offset + _EVENT.size <= len(data):
-            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-            name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
-            offset += _EVENT.size + length
+        found: list[tuple[int, int]] = []
+        for wd, mask, name in inotify_read(self.fd):
             if mask & IN_Q_OVERFLOW:  # events were lost: every watched rank might have written
                 found += list(self._keys.values())
             elif name == FILE_NAME.encode() and wd in self._keys:

@@ -1,4 +1,5 @@
-"""SIGINT, SIGTERM and SIGHUP as bytes on a socket that an event loop selects on."""
+"""SIGINT, SIGTERM and SIGHUP (stops) and SIGUSR1, SIGUSR2 (notices for the ranks,
+Slurm's `--signal=USR1@90`) as bytes on a socket that an event loop selects on."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import socket
 
 INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+NOTICES = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # passed on to the ranks; the job goes on
 
 
 def install_wakeup() -> int:
@@ -15,15 +17,26 @@ def install_wakeup() -> int:
     for sock in (read_end, write_end):
         sock.setblocking(False)
     signal.set_wakeup_fd(write_end.detach(), warn_on_full_buffer=False)
-    for signum in INTERRUPTS:
+    for signum in INTERRUPTS | NOTICES:
         signal.signal(signum, lambda *_: None)
     return read_end.detach()
 
 
+def ignore_interrupts() -> None:
+    """The job's status is decided: from now on no interrupt may change it.
+
+    Ignored, not just handled: at interpreter shutdown Python puts the default
+    action back for every signal it has a handler for, and a SIGTERM then
+    would end the process with 143 after a report that said otherwise.
+    """
+    for signum in INTERRUPTS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def pending(wakeup_fd: int) -> list[int]:
-    """The interrupts that arrived since the last call, in order (other signals dropped)."""
+    """The interrupts and notices that arrived since the last call, in order (others dropped)."""
     try:
         data = os.read(wakeup_fd, 64)
     except BlockingIOError:
         return []
-    return [signum for signum in data if signum in INTERRUPTS]
+    return [signum for signum in data if signum in INTERRUPTS | NOTICES]

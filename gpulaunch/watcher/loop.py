@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
-from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
+from gpulaunch.logs.pump import IGNORED_SIGNALS, JOURNAL_MISSED, JournalTarget, run_pump
 from gpulaunch.model import (
     Cause,
     JobProgress,
@@ -40,7 +40,8 @@ from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, stop_others
 from gpulaunch.watcher.eventloop import EventLoop
 from gpulaunch.watcher.hangwatch import HangWatch
-from gpulaunch.watcher.interrupts import pending
+from gpulaunch.watcher.interrupts import NOTICES, pending
+from gpulaunch.watcher.notices import pass_on
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
@@ -74,6 +75,9 @@ class Watcher(EventLoop):
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r) for r in spec.ranks]
         self.interrupt: tuple[float, int] | None = None
+        # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
+        self.interrupted_by: str | None = None
+        self._signalled = False  # a first SIGINT/SIGTERM/SIGHUP came: the next one kills
         self.stop_issued = False
         self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
@@ -105,7 +109,7 @@ class Watcher(EventLoop):
             stack.callback(self.usage.close)
             self._watch(self.wakeup_fd, self._on_signal)
             self.supervisor.attach(self._aio, self._watch, self)
-            self.output.attach(self._aio, self._poke)
+            self.output.attach(self._aio, self._poke, self._watch)
             stack.callback(self.output.close)
             for observer in self.observers:
                 observer.attach(self.progress(), self.request_stop, self._aio)
@@ -168,14 +172,20 @@ class Watcher(EventLoop):
         )
 
     def request_stop(self) -> None:
-        """Stop the job gracefully, as a first SIGTERM would (for observers)."""
+        """Stop the job gracefully, as a first SIGTERM would (for observers: `gpulaunch stop`)."""
+        self._signalled = True  # as before: a signal after it kills at once
+        self._interrupted(signal.SIGTERM, "gpulaunch stop")
+        self._poke()
+
+    def _interrupted(self, signum: int, by: str | None) -> None:
+        """The first interrupt is the job's (`by`: what it was, if not a signal to us)."""
         if self.interrupt is None:
-            self.interrupt = (self.clock(), signal.SIGTERM)
+            self.interrupt = (self.clock(), signum)
+            self.interrupted_by = by
             if self.nodes is not None:
-                self.nodes.offer_interrupt(signal.SIGTERM)
+                self.nodes.offer_interrupt(signum)
         if self.phase is not Phase.STARTING:
             self._begin_stop()
-        self._poke()
 
     def _set_phase(self, phase: Phase) -> None:
         if phase is not self.phase:
@@ -211,15 +221,15 @@ class Watcher(EventLoop):
         pumps_done = all(r.pump is None or r.pump.pidfd < 0 for r in self.ranks)
         output_done = pumps_done and self.output.open_pipes == 0
         if not self.stop_issued:
-            # Every rank ended by itself. Let the log pumps hand their last lines
-            # to journald first (stopping the slice would end them after the
-            # grace), unless something the ranks left behind keeps their output
-            # open: then after the grace. Either way stop the ranks slice, so
-            # that nothing a rank left behind (a daemonised helper) outlives it.
-            if not output_done and self._settle_deadline is None:
+            # Every rank ended by itself. Stop the ranks slice, so that nothing a rank
+            # left behind (a daemonised helper) outlives it: at once while one of their
+            # streams is open (a leftover holds it; the pumps ignore SIGTERM and drain),
+            # else when the pumps handed their last lines to journald, or after the grace.
+            draining = not output_done and self.output.open_pipes == 0
+            if draining and self._settle_deadline is None:
                 self._settle_deadline = self.clock() + self.spec.grace_sec
                 self._aio.call_later(self.spec.grace_sec, self._poke)
-            if not output_done and self.clock() < (self._settle_deadline or 0):
+            if draining and self.clock() < (self._settle_deadline or 0):
                 return False
             self._begin_stop()
         done = not self.gang_stopping and output_done
@@ -277,7 +287,8 @@ class Watcher(EventLoop):
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         try:
-            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w})
+            death = self.supervisor.parent_death_signal
+            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w}, death)
             rank.born_at = self.clock()
             self._advance(rank, RankState.HELD)
             self._watch(rank.child.pidfd, self._exit_handler(rank))
@@ -287,6 +298,7 @@ class Watcher(EventLoop):
                 ),
                 {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
                 ignore=IGNORED_SIGNALS,
+                death_signal=death,
             )
             self._watch(rank.pump.pidfd, self._pump_handler(rank))
         finally:
@@ -299,14 +311,20 @@ class Watcher(EventLoop):
 
     def _on_signal(self) -> None:
         for signum in pending(self.wakeup_fd):
-            if self.interrupt is None:
-                self.interrupt = (self.clock(), signum)
-                if self.nodes is not None:
-                    self.nodes.offer_interrupt(signum)
-                if self.phase is not Phase.STARTING:
-                    self._begin_stop()
+            if signum in NOTICES:  # not a stop: passed on to the ranks
+                self.signal_ranks(signum)
+                continue
+            # A stop from outside that reaches our own scope sends us a SIGTERM
+            # too: that one is still the first signal, not a second interrupt.
+            if not self._signalled:
+                self._signalled = True
+                self._interrupted(signum, None)
             else:
                 self._kill_now()
+
+    def signal_ranks(self, signum: int, rank: int | None = None) -> int:
+        """A notice to the running ranks (watcher/notices.py); how many got it."""
+        return pass_on(self.ranks, self.supervisor, self.spec.signal_whole_rank, signum, rank)
 
     # -- what the supervisor says (gpulaunch.supervisor.SupervisorEvents) --
 
@@ -323,6 +341,12 @@ class Watcher(EventLoop):
 
     def gang_stopped(self) -> None:
         self.gang_stopping = False
+
+    def stopped_from_outside(self, what: str) -> None:
+        for rank in self.ranks:  # systemd is stopping them: none of them failed
+            if rank.state.alive:
+                rank.stop_requested = True
+        self._interrupted(signal.SIGTERM, what)
 
     def _open_gates(self) -> None:
         """Let every rank run at once, when all of them are in their scopes (all at once: one
@@ -347,7 +371,7 @@ class Watcher(EventLoop):
     def _pump_handler(self, rank: Rank) -> Callable[[], None]:
         def on_pump_exit() -> None:
             assert rank.pump is not None
-            reap(rank.pump.pidfd)
+            rank.journal_missed = reap(rank.pump.pidfd).code == JOURNAL_MISSED
             self._aio.remove_reader(rank.pump.pidfd)
             rank.pump.close()
 
@@ -356,6 +380,9 @@ class Watcher(EventLoop):
     def _on_exit(self, rank: Rank) -> None:
         assert rank.child is not None
         status, used, oom = self.usage.reap(rank.child, rank.cgroup)
+        if (status.code != 0 or status.signal is not None) and not rank.stop_requested:
+            # Did it fail, or was it stopped from outside? Hear the supervisor first.
+            self.supervisor.catch_up()
         now = self.clock()
         self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
@@ -457,6 +484,7 @@ class Watcher(EventLoop):
                 self.hang.hung_at if self.hang else None,
             ),
             interrupt=self.interrupt,
+            interrupted_by=self.interrupted_by,
             start_error=self.start_error,
             restarts=self.attempt,
             node_failure=self.node_failure,

@@ -17,6 +17,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulaunch.linux import set_parent_death_signal
 from gpulaunch.watcher import nofile
 
 # Exit codes of a child that never reached the script.
@@ -70,6 +71,7 @@ def fork_held(
     body: Callable[[], object],
     fds: Mapping[int, int],
     ignore: Sequence[signal.Signals] = (),
+    death_signal: int = 0,
 ) -> HeldChild:
     """Fork a child that runs `body` once released.
 
@@ -79,13 +81,19 @@ def fork_held(
     it sees EOF and leaves. The child is its own process group: a terminal's
     Ctrl-C reaches the watcher only, which stops the ranks through systemd.
     `ignore`: signals the child ignores from its very start (a gang stop can
-    reach it while it still waits at the gate).
+    reach it while it still waits at the gate). `death_signal`: what the kernel
+    sends the child when the watcher dies (PR_SET_PDEATHSIG; 0: nothing).
     """
     read_end, write_end = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; it never returns
         try:
             try:
+                if death_signal:
+                    set_parent_death_signal(death_signal)
+                    if os.getppid() != parent:  # it died before the line above
+                        os._exit(GATE_CLOSED)
                 gate = _child_setup(read_end, fds, ignore)
             except OSError as exc:
                 # Still the watcher's stderr (fd 2 is replaced last): say why, once.
@@ -115,7 +123,8 @@ def _child_setup(
     """Signals back to defaults, own process group, exactly the wanted fds; returns the gate fd."""
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal survives exec;
     # the watcher's handlers must not run here either.
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    restored = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for sig in (*restored, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN if sig in ignore else signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     os.setpgid(0, 0)
@@ -145,7 +154,10 @@ def _child_setup(
 
 
 def spawn_held(
-    argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, int] | None = None
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    fds: Mapping[int, int] | None = None,
+    death_signal: int = 0,
 ) -> HeldChild:
     """Fork a child that execs `argv` with `env` once released."""
     env_bytes = {
@@ -160,7 +172,7 @@ def spawn_held(
         except OSError as exc:
             os.write(2, f"gpulaunch: cannot execute {args[0]}: {exc.strerror}\n".encode())
 
-    return fork_held(execute, fds or {})
+    return fork_held(execute, fds or {}, death_signal=death_signal)
 
 
 def reap(pidfd: int) -> WaitStatus:

@@ -24,6 +24,7 @@ class Rank:
     stop_requested: bool = False
     error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
+    journal_missed: bool = False  # its pump could not hand journald every line
 
     def release(self) -> None:
         """Open its gates (rank and pump), noting its scope's cgroup first: a zombie's

@@ -80,7 +80,7 @@ def test_watcher_sigkill_leaves_nothing(job: Job) -> None:
 
 
 def test_grandchildren_are_gone_when_the_job_ends(job: Job) -> None:
-    # The daemons keep the ranks' output open: the watcher waits --grace for it, then stops them.
+    # The daemons keep the ranks' output open: the watcher stops them when the ranks are done.
     res = job.run(
         "--nproc", "2", "--grace", "1", script_args=["--grandchild", "--daemon", "--sleep", "0.2"]
     )

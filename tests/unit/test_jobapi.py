@@ -112,7 +112,7 @@ def test_properties_match_the_shipped_interface() -> None:
     assert all(p.access.value == "read" for p in iface.properties)
     signals = {s.name: "".join(a.signature for a in s.args) for s in iface.signals}
     assert signals == {"RankExited": RANK_EXITED_SIGNATURE, "Finished": FINISHED_SIGNATURE}
-    assert [m.name for m in iface.methods] == ["Stop"]
+    assert [m.name for m in iface.methods] == ["Stop", "Signal"]
     for sig, value in props.values():  # every value fits its signature
         Variant(sig, value)
 

@@ -39,6 +39,7 @@ def test_the_flat_package_holds_only_what_the_whole_program_shares() -> None:
         "__main__.py",
         "cli.py",
         "errors.py",
+        "linux.py",
         "model.py",
         "numberlist.py",
         "options.py",

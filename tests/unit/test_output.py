@@ -112,6 +112,28 @@ def test_rank_filter_quiet_and_log_dir(tmp_path: Path) -> None:
     assert qout.read() == b"" and q.lines(0) == 1
 
 
+def test_a_full_log_dir_warns_once_and_the_terminal_goes_on(tmp_path: Path) -> None:
+    """ENOSPC (/dev/full) on --log-dir files: one warning, every line still on the terminal."""
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.log").symlink_to("/dev/full")
+    o, out, err = make(OutputOptions(log_dir=tmp_path))
+    pipes = [os.pipe() for _ in range(2)]
+    for rank, (r, _) in enumerate(pipes):
+        o.add_pipe(r, rank, Stream.STDOUT)
+    for i in range(3):
+        for rank in (0, 1):
+            o.data(rank, Stream.STDOUT, b"line %d\n" % i)
+    assert out.read().count(b"\n") == 6
+    warnings = err.read().decode().splitlines()
+    assert len(warnings) == 1 and "No space left on device" in warnings[0]
+    assert str(tmp_path / "rank0.log") in warnings[0]
+    gaps = o.log_file_gaps
+    assert [(g.rank, g.lines_before, g.lines_total) for g in gaps] == [(0, 0, 3), (1, 0, 3)]
+    o.close()
+    for _, w in pipes:
+        os.close(w)
+
+
 def test_a_huge_line_without_newline_is_shown_in_pieces() -> None:
     o, out, _ = make()
     o.data(0, Stream.STDOUT, b"x" * (3 << 20))

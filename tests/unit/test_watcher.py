@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from gpulaunch.errors import JobExistsError, SystemdError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
 from gpulaunch.supervisor.anchor import anchor_name
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.supervisor.systemd_api import JobDone, UnitState
+from gpulaunch.supervisor.systemd_api import JobDone, JobEvent, JobQueued, UnitState
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.names import UnitNames
@@ -32,7 +33,7 @@ class FakeSystemd:
     def __init__(self, fail_start: str | None = None, start_result: str = "done") -> None:
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
-        self.queue: list[JobDone] = []
+        self.queue: list[JobEvent] = []
         self.units: dict[str, list[int]] = {}
         self.calls: list[tuple[str, str]] = []
         self.killed: list[str] = []
@@ -99,7 +100,10 @@ class FakeSystemd:
     def unit_state(self, name: str) -> UnitState:
         return UnitState("active" if name in self.units else "inactive", False)
 
-    def events(self) -> list[JobDone]:
+    def ping(self) -> None:
+        pass
+
+    def events(self) -> list[JobEvent]:
         try:
             os.read(self._r, 4096)
         except BlockingIOError:
@@ -242,6 +246,42 @@ def test_second_interrupt_kills(wakeup: tuple[int, socket.socket], tmp_path: Pat
     report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
     assert report.status == 130
     assert ("kill", units.ranks[0].name) in sd.calls
+
+
+class OutsideStop(FakeSystemd):
+    """`systemctl stop` of the job slice: its JobNew lags behind the ranks' deaths."""
+
+    def start_transient(
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
+    ) -> str:
+        path = super().start_transient(name, properties, pids, aux)
+        if name.endswith("-rank1.scope"):
+            threading.Timer(0.3, self.stop_from_outside, args=(name,)).start()
+        return path
+
+    def stop_from_outside(self, rank1: str) -> None:
+        job_slice = rank1.replace("-rank1.scope", ".slice")
+        self.queue.append(JobQueued("/org/freedesktop/systemd1/job/outside", job_slice))
+        for unit, pids in list(self.units.items()):  # no wake-up: the bus is slower
+            if "-rank" in unit:
+                for pid in pids:
+                    os.kill(pid, signal.SIGTERM)
+
+
+def test_stop_from_outside_is_an_interrupt(
+    wakeup: tuple[int, socket.socket], tmp_path: Path
+) -> None:
+    sd = OutsideStop()
+    spec, units = make_job([sh("exec sleep 60"), sh("exec sleep 60")])
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
+    assert (report.status, report.cause, report.cause_rank) == (143, Cause.INTERRUPTED, None)
+    assert report.interrupted_by == f"a stop of {units.job_slice.name} from outside"
+    assert all(r.exit is not None and r.exit.stopped_by_watcher for r in report.ranks)
+    assert no_children_left()
 
 
 def test_job_exists(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:

@@ -30,6 +30,10 @@ def main() -> None:
     p.add_argument("--grandchild", action="store_true", help="start a plain child: sleep")
     p.add_argument("--daemon", action="store_true", help="start a double-forked setsid daemon")
     p.add_argument("--print", action="store_true", help="print env and cgroup")
+    p.add_argument(
+        "--on-usr1", action="store_true", help="on SIGUSR1 write rank<N>.usr1 (and its pid)"
+    )
+    p.add_argument("--until-usr1", type=int, default=0, help="exit 0 after N SIGUSR1s")
     p.add_argument("--spew", type=int, default=0, help="failing ranks: bytes to stderr, no newline")
     p.add_argument("--nofile", action="store_true", help="print RLIMIT_NOFILE: rank N soft hard")
     args = p.parse_args()
@@ -40,6 +44,15 @@ def main() -> None:
             f.write(str(pid))
 
     record(f"rank{rank}", os.getpid())
+    notices = []
+    if args.on_usr1 or args.until_usr1:
+        # A checkpoint on Slurm's warning: the rank goes on (and so does the job).
+        def on_usr1(signum: int, frame: object) -> None:
+            notices.append(signum)
+            with open(os.path.join(args.dir, f"rank{rank}.usr1"), "a") as f:
+                f.write(f"{os.getpid()}\n")
+
+        signal.signal(signal.SIGUSR1, on_usr1)
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.grandchild:
@@ -74,6 +87,8 @@ def main() -> None:
             sys.stderr.write("y" * min(1 << 20, args.spew - start))
         sys.stderr.flush()
         sys.exit(args.exit[rank])
+    while len(notices) < args.until_usr1:
+        time.sleep(0.05)  # a test stand-in: pause() could miss a signal that came first
     time.sleep(args.sleep)
 
 

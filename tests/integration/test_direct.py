@@ -1,0 +1,194 @@
+"""The direct supervisor where Docker or Kubernetes would run gpulaunch: a container
+(tests/integration/container.py) with a writable cgroup2 subtree and no systemd.
+
+gpulaunch runs as the container's PID 1 and as a child of a shell; with the
+container's cgroup2 writable (the cgroup path) and read-only as Docker mounts it
+by default (no writable cgroup: process groups). An ordinary user is not used:
+this machine's Python lives under /root, which nobody else may enter. The
+checks that look at processes after the job run inside the container, in the
+shell that started it (pids are the container's).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdbox.procs import first_child
+from tests.integration.container import Container, alive_script, container
+from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, SHARED, wait_until
+
+pytestmark = pytest.mark.integration
+
+CGROUP_LINE = "direct supervisor (cgroup /sys/fs/cgroup/gpulaunch-"
+PGROUP_LINE = "direct supervisor (process groups; no cgroup:"
+# (gpulaunch is the container's PID 1, the container's cgroup2 is read-only)
+MODES = {
+    "pid1-cgroup": (True, False),
+    "shell-cgroup": (False, False),
+    "pid1-pgroup": (True, True),
+    "shell-pgroup": (False, True),
+}
+
+
+@pytest.fixture
+def ct(request: pytest.FixtureRequest) -> Iterator[Container]:
+    mode = request.node.callspec.params.get("mode", "") if hasattr(request.node, "callspec") else ""
+    with container(read_only=mode.endswith("pgroup")) as c:
+        yield c
+
+
+@pytest.fixture
+def work() -> Path:
+    d = SHARED / f"direct-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    d.chmod(0o777)  # the ordinary user's ranks write their pid files here
+    (d / "state").mkdir(mode=0o777)
+    (d / "state").chmod(0o777)
+    return d
+
+
+def gpulaunch(work: Path, *args: str) -> str:
+    return f"env XDG_STATE_HOME={work}/state " + shlex.join([GPULAUNCH, *args])
+
+
+def start(work: Path, ro: bool, job: str, *rank_args: str, opts: tuple[str, ...] = ()) -> str:
+    return gpulaunch(
+        work, "start", "--nproc", "2", "--job", job, "--grace", "5", *opts,
+        RANK_SCRIPT, "--dir", str(work), *rank_args,
+    )  # fmt: skip
+
+
+def ready(work: Path) -> str:
+    return f"while [ ! -e {work}/rank0.ready ] || [ ! -e {work}/rank1.ready ]; do sleep 0.05; done"
+
+
+def checked(work: Path, body: str) -> str:
+    """sh: `body` (sets rc), then the processes still alive, then exit rc."""
+    return f"{body}; echo rc=$rc; {alive_script(work)}; exit $rc"
+
+
+def expect_line(out: str, ro: bool) -> None:
+    assert (PGROUP_LINE if ro else CGROUP_LINE) in out, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_success_leaves_nothing(mode: str, ct: Container, work: Path) -> None:
+    pid1, ro = MODES[mode]
+    cmd = start(work, ro, "ok", "--daemon", "--grandchild")
+    res = ct.run(f"exec {cmd}" if pid1 else checked(work, f"{cmd}; rc=$?"))
+    assert res.returncode == 0, res.stdout
+    expect_line(res.stdout, ro)
+    assert "ALIVE" not in res.stdout  # daemonised grandchildren too
+    assert {"rank0-daemon", "rank1-daemon"} <= {p.stem for p in work.glob("*.pid")}
+    assert ct.leftovers() == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failing_rank_stops_the_gang(mode: str, ct: Container, work: Path) -> None:
+    pid1, ro = MODES[mode]
+    cmd = start(work, ro, "fail", "--exit", "1:3", "--sleep", "300", "--daemon")
+    res = ct.run(f"exec {cmd}" if pid1 else checked(work, f"{cmd}; rc=$?"))
+    assert res.returncode == 3, res.stdout
+    assert "rank 1 exited 3" in res.stdout or "rank 1 exit" in res.stdout, res.stdout
+    assert "ALIVE" not in res.stdout
+    assert ct.leftovers() == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_stops_every_rank(mode: str, ct: Container, work: Path) -> None:
+    pid1, ro = MODES[mode]
+    cmd = start(work, ro, "term", "--sleep", "300", "--daemon")
+    if pid1:
+        proc = ct.popen(f"exec {cmd}", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        watcher = first_child(proc.pid, lambda: proc.poll() is None)
+        wait_until(lambda: all((work / f"rank{r}.ready").exists() for r in (0, 1)), 60, "ranks")
+        os.kill(watcher, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        rc = proc.returncode
+    else:
+        res = ct.run(checked(work, f"{cmd} & w=$!; {ready(work)}; kill -TERM $w; wait $w; rc=$?"))
+        out, rc = res.stdout, res.returncode
+    assert rc == 128 + signal.SIGTERM, out
+    assert "ALIVE" not in out
+    assert ct.leftovers() == []
+
+
+@pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
+def test_watcher_sigkill_kills_the_ranks(mode: str, ct: Container, work: Path) -> None:
+    """PR_SET_PDEATHSIG: the kernel kills every rank (what they daemonised may stay)."""
+    _, ro = MODES[mode]
+    cmd = start(work, ro, "kill", "--sleep", "300", "--grandchild")
+    gone = f"[ ! -e /proc/$(cat {work}/rank0.pid) ] && [ ! -e /proc/$(cat {work}/rank1.pid) ]"
+    res = ct.run(
+        f"{cmd} & w=$!; {ready(work)}; kill -KILL $w; wait $w; "
+        f"i=0; until {gone} || [ $i -gt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+        f"{gone} && echo RANKS-GONE"
+    )
+    assert "RANKS-GONE" in res.stdout, res.stdout
+
+
+def test_watcher_sigkill_as_pid1_ends_the_container(ct: Container, work: Path) -> None:
+    """As PID 1, the watcher's death ends the pid namespace: the kernel kills everything."""
+    proc = ct.popen(
+        f"exec {start(work, False, 'kill1', '--sleep', '300', '--daemon')}",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    watcher = first_child(proc.pid, lambda: proc.poll() is None)
+    wait_until(lambda: all((work / f"rank{r}.ready").exists() for r in (0, 1)), 60, "ranks")
+    os.kill(watcher, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+    def procs() -> list[str]:
+        return [p.read_text() for p in ct.cgroup.glob("**/cgroup.procs") if p.read_text().strip()]
+
+    wait_until(lambda: not procs(), 10, "every process of the container to end")
+
+
+def test_memory_max_where_the_controller_is_delegated(ct: Container, work: Path) -> None:
+    """memory.max of each rank's cgroup; where the host delegates no memory controller to
+    the container (this machine's hybrid cgroup2 has none), one warning says so."""
+    show = "cat /sys/fs/cgroup$(grep ^0:: /proc/self/cgroup | cut -d: -f3)/memory.max || true"
+    args = ["start", "--nproc", "1", "--memory-max", "64M", "--no-python", "sh", "-c", show]
+    res = ct.run(gpulaunch(work, *args))
+    assert res.returncode == 0, res.stdout
+    if "memory" in ct.controllers():
+        assert "[0] 67108864" in res.stdout, res.stdout
+    else:
+        assert "--memory-max is not enforced: the memory controller cannot be enabled" in (
+            res.stdout
+        )
+    assert ct.leftovers() == []
+
+
+@pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
+def test_sigusr1_reaches_the_ranks_and_the_job_goes_on(
+    mode: str, ct: Container, work: Path
+) -> None:
+    """SIGUSR1 to the watcher, then `gpulaunch signal` (no bus: through its record file):
+    each rank gets both, and the job ends as its ranks do (exit 0), not at the notice."""
+    _, ro = MODES[mode]
+    cmd = start(work, ro, "notice", "--until-usr1", "2")
+    sig = gpulaunch(work, "signal", "notice", "USR1")
+    status = gpulaunch(work, "status", "notice")
+    one = f"[ $(cat {work}/rank0.usr1 {work}/rank1.usr1 2>/dev/null | wc -l) -ge 2 ]"
+    res = ct.run(
+        checked(
+            work,
+            f"{cmd} & w=$!; {ready(work)}; kill -USR1 $w; until {one}; do sleep 0.05; done; "
+            f"{sig}; wait $w; rc=$?; {status}",
+        )
+    )
+    assert res.returncode == 0, res.stdout
+    assert "SIGUSR1 sent to 2 rank(s)" in res.stdout
+    assert "job notice succeeded" in res.stdout  # the report, and `status` from the record
+    for r in (0, 1):
+        assert len((work / f"rank{r}.usr1").read_text().split()) == 2
