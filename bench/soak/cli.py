@@ -1,4 +1,4 @@
-"""`python -m bench soak [--jobs N] [--seed S] [--first I] [--only FAULT[,FAULT]] [--out DIR]`.
+"""`python -m bench soak [--jobs N] [--seed S] [--first I] [--only FAULT,...] [--out DIR]`.
 
 Runs N short gpulaunch jobs, each with one fault drawn from the seed (bench/soak/plan.py),
 checks every end against the README's rules and that nothing of the job is left
@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         help="draw only these faults: " + ", ".join(FAULTS),
     )
     p.add_argument("--out", type=Path, default=RESULTS, help="where <date>-soak.md/.json go")
+    p.add_argument(
+        "--snapshot",
+        metavar="REV",
+        help="soak gpulaunch as committed in REV (git archive, first on PYTHONPATH)",
+    )
     p.add_argument("--hang", type=float, default=Bounds.hang_s, help="seconds until a job hangs")
     return p
 
@@ -102,11 +107,20 @@ def _soak(args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[st
         started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         machine=machine.describe(),
     )
+    env = {}
+    if args.snapshot:
+        try:
+            env["PYTHONPATH"] = str(_export(args.snapshot, scratch / "snapshot"))
+        except subprocess.CalledProcessError as exc:
+            print(f"bench soak: error: cannot export {args.snapshot}: {exc}", file=sys.stderr)
+            return 2
+        rev = machine.command("git", "rev-parse", "--short", args.snapshot)
+        soak.machine["gpulaunch"] = f"commit {rev} ({args.snapshot}), via git archive"
     started = time.monotonic()
     bounds = Bounds(hang_s=args.hang)
     for index in range(args.first, args.first + args.jobs):
         plan = draw(args.seed, index, kinds)
-        job, seen, took = run_job(plan, scratch, bounds)
+        job, seen, took = run_job(plan, scratch, bounds, env)
         result = JobResult(plan, job, seen, judge(plan, seen), took)
         soak.results.append(result)
         if plan.fault in RESTARTS and seen.acted and seen.action_rc != 0:
@@ -124,6 +138,20 @@ def _soak(args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[st
         print(f"bench soak: problem: {line}", file=sys.stderr)
     print(f"bench soak: {stem}.md and .json, {soak.total_s:.0f} s", file=sys.stderr)
     return 0 if soak.ok() else 1
+
+
+def _export(rev: str, dest: Path) -> Path:
+    """gpulaunch/ and the D-Bus interface files it finds next to it, as committed in `rev`."""
+    dest.mkdir()
+    tree = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    parts = [p for p in ("gpulaunch", "packaging") if p in tree]
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", rev, *parts], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
 
 
 def _say(soak: Soak, r: JobResult, only: str) -> None:

@@ -7,8 +7,10 @@ short fixed interval, on purpose (bench/procs.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +29,10 @@ class Bounds:
     settle_s: float = 10.0  # how long its units and processes may take to go after its end
 
 
-def run_job(plan: JobPlan, scratch: Path, bounds: Bounds) -> tuple[str, Seen, float]:
-    """Run `plan`; its job id, what was seen, and how long it ran."""
+def run_job(
+    plan: JobPlan, scratch: Path, bounds: Bounds, env: Mapping[str, str]
+) -> tuple[str, Seen, float]:
+    """Run `plan` (`env`: e.g. PYTHONPATH of a snapshot); its job id, what was seen, how long."""
     stamps = scratch / f"job{plan.index}"
     stamps.mkdir()
     run = launchers.start(
@@ -38,13 +42,14 @@ def run_job(plan: JobPlan, scratch: Path, bounds: Bounds) -> tuple[str, Seen, fl
         ["--dir", str(stamps), *plan.rank_args()],
         "soak",
         scratch,
+        extra_env=env,
     )
     t0 = time.monotonic()
     deadline = t0 + bounds.hang_s
     acted, action_rc = False, None
     try:
         if plan.phase is not None and _wait_instant(plan, run, stamps, t0, deadline):
-            acted, action_rc = _act(plan, run, deadline)
+            acted, action_rc = _act(plan, run, deadline, env)
         ended = run.wait_exit(max(deadline - time.monotonic(), 0.0))
     finally:
         if run.exited_at is None:
@@ -95,7 +100,9 @@ def _wait_instant(plan: JobPlan, run: Run, stamps: Path, t0: float, deadline: fl
     return _running(run)
 
 
-def _act(plan: JobPlan, run: Run, deadline: float) -> tuple[bool, int | None]:
+def _act(
+    plan: JobPlan, run: Run, deadline: float, env: Mapping[str, str]
+) -> tuple[bool, int | None]:
     """Do the outside action; (done, its command's exit status)."""
     if plan.fault in WATCHER_SIGNALS:
         run.signal(WATCHER_SIGNALS[plan.fault])
@@ -110,6 +117,7 @@ def _act(plan: JobPlan, run: Run, deadline: float) -> tuple[bool, int | None]:
         done = subprocess.run(
             argv,
             capture_output=True,
+            env={**os.environ, **env},
             timeout=max(deadline - time.monotonic(), 1.0),
             check=False,
         )
