@@ -103,6 +103,12 @@ def _soak(args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[st
     scratch.mkdir(parents=True)
     soak = Soak(
         seed=args.seed,
+        replay_args=" ".join(
+            [
+                *(["--only", args.only] if args.only else []),
+                *(["--snapshot", args.snapshot] if args.snapshot else []),
+            ]
+        ),
         command=" ".join(["python -m bench soak", *args_list]),
         started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         machine=machine.describe(),
@@ -125,12 +131,12 @@ def _soak(args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[st
         soak.results.append(result)
         if plan.fault in RESTARTS and seen.acted and seen.action_rc != 0:
             soak.problems.append(f"job {index}: {plan.action()} exited {seen.action_rc}")
-        _say(soak, result, args.only)
+        _say(soak, result)
     soak.total_s = time.monotonic() - started
     soak.machine["load average at the end"] = machine.loadavg()
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"{time.strftime('%Y-%m-%d')}-soak"
-    stem.with_suffix(".md").write_text(markdown(soak, args.only))
+    stem.with_suffix(".md").write_text(markdown(soak))
     stem.with_suffix(".json").write_text(as_json(soak))
     shutil.rmtree(scratch, ignore_errors=True)
     print(table(soak))
@@ -154,9 +160,9 @@ def _export(rev: str, dest: Path) -> Path:
     return dest
 
 
-def _say(soak: Soak, r: JobResult, only: str) -> None:
+def _say(soak: Soak, r: JobResult) -> None:
     end = "hang" if r.seen.returncode is None else f"exit {r.seen.returncode}"
     line = f"bench soak: job {r.plan.index} {r.plan.fault} ({r.plan.describe()}): {end}"
     if r.verdict.failed:
-        line += " FAILED: " + "; ".join(r.verdict.reasons) + f"\n  replay: {replay(soak, r, only)}"
+        line += " FAILED: " + "; ".join(r.verdict.reasons) + f"\n  replay: {replay(soak, r)}"
     print(f"{line} [{r.seconds:.1f} s]", file=sys.stderr, flush=True)

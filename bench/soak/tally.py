@@ -56,6 +56,7 @@ def _end(end: End | None) -> dict[str, Any] | None:
 @dataclass
 class Soak:
     seed: int
+    replay_args: str  # what a replay needs besides the seed and the index: --only, --snapshot
     command: str
     started_at: str
     machine: dict[str, Any]
@@ -91,12 +92,13 @@ def table(soak: Soak) -> str:
     return "\n".join(lines)
 
 
-def replay(soak: Soak, r: JobResult, only: str) -> str:
-    kinds = f" --only {only}" if only else ""
-    return f"python -m bench soak --seed {soak.seed} --first {r.plan.index} --jobs 1{kinds}"
+def replay(soak: Soak, r: JobResult) -> str:
+    return f"python -m bench soak --seed {soak.seed} --first {r.plan.index} --jobs 1" + "".join(
+        f" {a}" for a in soak.replay_args.split(" ") if a
+    )
 
 
-def markdown(soak: Soak, only: str) -> str:
+def markdown(soak: Soak) -> str:
     out = [
         f"# Fault soak, {soak.started_at}",
         "",
@@ -120,7 +122,7 @@ def markdown(soak: Soak, only: str) -> str:
         out += [
             f"- job {r.plan.index} ({r.plan.fault}: {r.plan.describe()}): "
             + "; ".join(r.verdict.reasons),
-            f"  replay: `{replay(soak, r, only)}`",
+            f"  replay: `{replay(soak, r)}`",
         ]
     if soak.problems:
         out += ["", "## Problems of the soak itself", "", *(f"- {p}" for p in soak.problems)]
