@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,8 +100,17 @@ def _job_api_ready(kinds: tuple[Fault, ...]) -> str | None:
 
 
 def _soak(args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[str]) -> int:
-    scratch = REPO / "bench" / ".scratch" / f"soak-{os.getpid()}"
-    scratch.mkdir(parents=True)
+    (REPO / "bench" / ".scratch").mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="soak-", dir=REPO / "bench" / ".scratch"))
+    try:
+        return _soak_in(args, kinds, args_list, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _soak_in(
+    args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[str], scratch: Path
+) -> int:
     soak = Soak(
         seed=args.seed,
         replay_args=" ".join(
@@ -138,7 +148,6 @@ def _soak(args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[st
     stem = args.out / f"{time.strftime('%Y-%m-%d')}-soak"
     stem.with_suffix(".md").write_text(markdown(soak))
     stem.with_suffix(".json").write_text(as_json(soak))
-    shutil.rmtree(scratch, ignore_errors=True)
     print(table(soak))
     for line in soak.problems:
         print(f"bench soak: problem: {line}", file=sys.stderr)
