@@ -9,14 +9,14 @@ import sys
 from bench.soak.plan import FAULTS, Fault
 from tests.integration.jobs import REPO, SHARED
 
-SEED = 1  # draws every kind below at least once in 40 jobs (asserted)
+SEED = 1  # draws every kind below at least twice in 40 jobs (asserted: at least once)
 JOBS = 40
-# Left out until branch h/ends is merged (issue 13, item 5): an outside `systemctl stop`
-# of the job slice is reported as `failed: rank 0 SIGTERM`, cause rank-failed, not as an
-# interrupt. Item 6: a SIGTERM/SIGINT that lands as the watcher reports a rank's failure
-# kills it after the report (exit -15 while report and record say the rank's status).
-# Replay on main: python -m bench soak --seed 2 --first 0 --jobs 1 --only slice-stop
-NOT_YET = {Fault.SLICE_STOP, Fault.LATE_SIGTERM, Fault.LATE_SIGINT}
+# Left out until it is fixed (issue 13, item 13): a SIGINT that lands after gpulaunch's
+# imports but before the watcher takes the interrupts over (argument parsing, planning)
+# raises KeyboardInterrupt: a traceback and a death by SIGINT instead of a quiet 130.
+# Replay: python -m bench soak --seed 2 --first 13 --jobs 1 --only slice-stop,late-sigterm,\
+# late-sigint,gpulaunch-stop,watcher-sigterm,watcher-sigint (timing-dependent: it is rare).
+NOT_YET = {Fault.WATCHER_SIGINT}
 
 
 def test_a_short_fault_soak_finds_nothing(box: object) -> None:
