@@ -2,7 +2,8 @@
 # Install what gpulaunch's demo or tests need on a Debian/Ubuntu machine, as root:
 # system packages (pystemd builds against libsystemd), a virtual environment in
 # .venv with gpulaunch (editable) and torch 2.13.0's CPU build; `test` (the
-# default) adds the test extra (pytest, ruff, mypy, Lightning, ...).
+# default) adds the test extra (pytest, ruff, mypy, Lightning, ...) and Debian's
+# Slurm (slurmd, slurmctld, slurm-client, munge) for the Slurm tests.
 #
 #   bash scripts/setup.sh demo   # gpulaunch + torch: about 200 MB to download, 1 GB installed
 #   bash scripts/setup.sh [test] # the above + the test extra: about 270 MB, 1.2 GB installed
@@ -28,12 +29,15 @@ PACKAGES=(
     systemd dbus dbus-user-session util-linux procps        # the throwaway systemd box
     man-db groff-base bash-completion                       # tests of the man page, completions
 )
+# The Slurm tests run a real Slurm (one slurmd per systemd box, tests/integration/slurm.py).
+TEST_PACKAGES=(slurmd slurmctld slurm-client munge)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root (apt-get and the systemd box need it), e.g. sudo $0" >&2
     exit 77
 fi
 
+if [ "$WHAT" = test ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -42,7 +46,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Installed, never started here: munge, slurmctld and slurmd run only inside the
+    # tests' boxes. policy-rc.d(8) keeps their packages from starting them on this
+    # machine (a container without systemd would run their init scripts).
+    made_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+        made_policy=1
+    fi
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || status=$?
+    [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
+    [ "${status:-0}" -eq 0 ] || exit "$status"
 fi
 
 PYTHON=${PYTHON:-python3}

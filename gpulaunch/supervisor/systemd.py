@@ -56,6 +56,8 @@ class SystemdSupervisor:
         self._reconnected = False
         self._gang_stop_asked = False  # then jobs on the ranks' units are ours
         self._outside = False  # a stop from outside was reported
+        self._creating = False  # create() runs: the job slice's start job (no path of ours)
+        self._own_stops: set[str] = set()  # stop jobs of single ranks (stop_ranks)
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -75,6 +77,7 @@ class SystemdSupervisor:
         props = anchor.properties(
             units.job_slice.name, f"gpulaunch job {units.job}", watcher_pids[0]
         )
+        self._creating = True
         try:
             # The job slice and the anchor in one call: both exist, or neither does.
             created = self._start_unit(
@@ -91,6 +94,7 @@ class SystemdSupervisor:
             # needs to run for that.
             await self._done(created, name)
             await self._done(self._start(units.watcher, watcher_pids), units.watcher.name)
+            self._creating = False
         except BaseException:
             self._outside = True  # the stop jobs that follow are ours
             self._call(lambda: self.sd.stop_unit(units.job_slice.name))
@@ -158,7 +162,10 @@ class SystemdSupervisor:
     def stop_ranks(self, ranks: Sequence[int]) -> None:
         """StopUnit on each rank's scope (SIGTERM, SIGKILL after TimeoutStopSec=)."""
         for rank in ranks:
-            self.sd.stop_unit(self.units.ranks[rank].name)
+            name = self.units.ranks[rank].name
+            path = self._call(lambda: self.sd.stop_unit(name))  # noqa: B023 (called at once)
+            if path is not None:
+                self._own_stops.add(path)
         self._on_bus()
 
     def kill_gang(self) -> None:
@@ -264,9 +271,16 @@ class SystemdSupervisor:
         gang stop are ours too.
         """
         units = self.units
-        ours = path in self._awaited or path in self._rank_jobs or path == self._stop_job
+        ours = (
+            path in self._awaited
+            or path in self._rank_jobs
+            or path == self._stop_job
+            or path in self._own_stops
+        )
         gang = {units.ranks_slice.name, *(r.name for r in units.ranks)}
-        job = {units.job_slice.name, units.watcher.name}
+        # While create() runs, the job slice's start job comes from the anchor's call (an
+        # auxiliary unit has no job path of its own in the reply): that one is ours too.
+        job = set() if self._creating else {units.job_slice.name, units.watcher.name}
         if (
             ours
             or self._outside

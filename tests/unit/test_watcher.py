@@ -42,9 +42,10 @@ class FakeSystemd:
         self._n = 0
 
     def _job(self, unit: str, result: str = "done") -> str:
+        """A job queued and done, announced as systemd does: JobNew, then JobRemoved."""
         self._n += 1
         path = f"/org/freedesktop/systemd1/job/{self._n}"
-        self.queue.append(JobDone(path, unit, result))
+        self.queue += [JobQueued(path, unit), JobDone(path, unit, result)]
         os.write(self._w, b"x")
         return path
 
@@ -65,6 +66,8 @@ class FakeSystemd:
         if any(unit in self.units for unit in (name, *(u for u, _ in aux))):
             raise JobExistsError(f"unit {name} already exists")
         self.units.update((unit, []) for unit, _ in aux)
+        for unit, _ in aux:  # their start jobs: paths the caller never sees
+            self._job(unit)
         self.units[name] = list(pids)
         return self._job(
             name, self.start_result if name.endswith(".scope") and "-rank" in name else "done"
