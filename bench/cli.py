@@ -1,4 +1,5 @@
-"""`python -m bench [--quick] [--only N[,N...]] [--launchers L[,L...]] [--reps N] [--out DIR]`.
+"""`python -m bench [--quick] [--only N[,N...]] [--launchers L[,L...]] [--reps N] [--out DIR]`;
+`python -m bench soak` (bench/soak/).
 
 Runs the scenarios of bench/scenarios/ under gpulaunch (its systemd supervisor, its
 direct supervisor, and an ordinary user's job through the front end, where the scenario
@@ -78,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["soak"]:  # the fault soak: bench/soak/
+        from bench.soak.cli import main as soak
+
+        return soak(args_list[1:])
     args = _parser().parse_args(args_list)
     only = {n for item in args.only for n in item.split(",") if n}
     if not only <= set(KEYS):

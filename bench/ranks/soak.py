@@ -1,0 +1,40 @@
+"""The fault soak's rank (bench/soak/): stamp `ready.<rank>`, then do its part.
+
+The rank `--fault-rank` waits `--after` seconds, stamps `fault.<rank>` and does its
+fault: `exit` (exit `--code`), `sigkill` or `sigsegv` (sent to itself; no core file:
+the process is made non-dumpable first), or `none` (it sleeps like the others).
+Every other rank sleeps `--sleep` seconds and exits 0. Imports nothing heavy: a job
+takes about a second. SIGTERM ends it at once (default disposition).
+"""
+
+import argparse
+import ctypes
+import os
+import signal
+import time
+
+from stamp import write_stamp  # sys.path[0] is this directory
+
+PR_SET_DUMPABLE = 4
+
+p = argparse.ArgumentParser()
+p.add_argument("--dir", required=True)
+p.add_argument("--fault", choices=("none", "exit", "sigkill", "sigsegv"), default="none")
+p.add_argument("--fault-rank", type=int, default=0)
+p.add_argument("--code", type=int, default=1)
+p.add_argument("--after", type=float, default=0.5)
+p.add_argument("--sleep", type=float, default=0.5)
+p.add_argument("--token", required=True)
+args = p.parse_args()
+rank = int(os.environ["RANK"])
+write_stamp(args.dir, "ready", rank, time.time())
+if rank != args.fault_rank or args.fault == "none":
+    time.sleep(args.sleep)
+    raise SystemExit(0)
+time.sleep(args.after)
+write_stamp(args.dir, "fault", rank, time.time())
+if args.fault == "exit":
+    os._exit(args.code)
+if args.fault == "sigsegv":
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # a core file is not what we test
+os.kill(os.getpid(), signal.SIGKILL if args.fault == "sigkill" else signal.SIGSEGV)

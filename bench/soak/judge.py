@@ -1,0 +1,215 @@
+"""What the README's rules expect of one soak job, and whether what happened matches.
+
+Pure logic: `expected(plan, seen)` lists the acceptable ends, `judge(plan, seen)` says
+which failure columns a job counts in, with the reasons.
+
+The rules (README, "Exit status"; docs/dbus.md, the record):
+
+- every rank exits 0: 0, cause `succeeded`;
+- a rank exits with code c: c; killed by SIGKILL/SIGSEGV (its own): 137/139; cause
+  `rank-failed`, that rank;
+- SIGKILL to the watcher: it dies of it (the shell's 137) and writes no record: none is
+  expected, so a missing one is never counted; what must hold is that nothing is left;
+- SIGTERM/SIGINT to the watcher: 143/130, cause `interrupted`; unless the rank's failure
+  came first (it did fail: its `fault` stamp exists), then the rank's status. During
+  start-up also: the process died of the signal before gpulaunch took it over (the
+  shell's 143/130, nothing made, no report, no record), 130 from `gpulaunch`'s quiet ^C
+  during its imports (no report, no record), or a clean start failure (71, one line);
+  never 70 and never a traceback;
+- `systemctl stop` of the job slice, `gpulaunch stop`: 143, cause `interrupted`;
+  `gpulaunch stop` itself exits 0 (docs/dbus.md);
+- a restart of dbus or journald: the job's own end, as if nothing had happened.
+
+A record is required wherever a report was printed (the watcher writes the record
+first) and wherever an end is expected with a report; its status, cause and cause rank
+must be the report's. "Missing record" counts the jobs whose required record is not in
+the journal.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+from bench.soak.plan import RESTARTS, WATCHER_SIGNALS, Fault, JobPlan, Phase
+
+START_FAILED = 71  # README: systemd refused or failed an operation
+
+
+@dataclass(frozen=True)
+class End:
+    """How a job ended, as its report or its journal record says."""
+
+    status: int
+    cause: str  # succeeded, rank-failed, interrupted, start-failed, ...
+    rank: int | None  # the cause rank
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the soak saw of one job."""
+
+    returncode: int | None  # Popen's: -N when a signal killed it; None: it hung (we killed it)
+    stderr: str
+    headline: End | None  # from the report on stderr
+    record: End | None  # from the journal
+    leaked_units: tuple[str, ...]
+    leaked_procs: int
+    acted: bool  # the outside action was done while the launcher ran
+    action_rc: int | None  # exit status of the action's command (systemctl, gpulaunch stop)
+    rank_faulted: bool  # the failing rank did its fault (stamped `fault`)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One acceptable end: the exit status, the report's cause (None: no report) and record."""
+
+    status: int
+    cause: str | None
+    rank: int | None = None
+    record: bool = True  # required (else: there must be none... or it is not looked at)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    wrong_status: bool = False
+    wrong_report: bool = False  # the report's or the record's cause/status is not the rule's
+    leaked_units: bool = False
+    leaked_procs: bool = False
+    missing_record: bool = False
+    hang: bool = False
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return any(
+            (
+                self.wrong_status,
+                self.wrong_report,
+                self.leaked_units,
+                self.leaked_procs,
+                self.missing_record,
+                self.hang,
+            )
+        )
+
+
+_HEADLINE = re.compile(
+    r"^gpulaunch: job (?P<job>.*?) (?:(?P<ok>succeeded) \(|(?P<stop>stopped by) .*\(status "
+    r"(?P<s1>\d+)\)$|failed: rank (?P<rank>\d+) .*\(status (?P<s2>\d+)\)$|(?P<start>failed to "
+    r"start) \(status (?P<s3>\d+)\)$)",
+    re.MULTILINE,
+)
+
+
+def parse_headline(job: str, stderr: str) -> End | None:
+    """The report's headline (report.py's `headline`) for `job`, the last one; None if none."""
+    found = None
+    for m in _HEADLINE.finditer(stderr):
+        if m["job"] != job:
+            continue
+        if m["ok"]:
+            found = End(0, "succeeded", None)
+        elif m["stop"]:
+            found = End(int(m["s1"]), "interrupted", None)
+        elif m["rank"] is not None:
+            found = End(int(m["s2"]), "rank-failed", int(m["rank"]))
+        else:
+            found = End(int(m["s3"]), "start-failed", None)
+    return found
+
+
+def ranks_end(plan: JobPlan) -> Expect:
+    """The end the ranks make by themselves."""
+    if plan.rank_fault == "none":
+        return Expect(0, "succeeded")
+    status = {"exit": plan.code, "sigkill": 128 + 9, "sigsegv": 128 + 11}[plan.rank_fault]
+    return Expect(status, "rank-failed", plan.fault_rank)
+
+
+def expected(plan: JobPlan, seen: Seen) -> list[Expect]:
+    """Every end the README allows for this plan and what happened around it."""
+    own = ranks_end(plan)
+    if plan.fault is Fault.SUCCESS or plan.fault in RESTARTS or plan.phase is None:
+        return [own]
+    if not seen.acted:  # the launcher ended before the action: the ranks' own end
+        return [own]
+    if plan.fault is Fault.WATCHER_SIGKILL:
+        return [Expect(-signal.SIGKILL, None, record=False)]
+    if plan.fault in (Fault.SLICE_STOP, Fault.GPULAUNCH_STOP):
+        return [Expect(128 + signal.SIGTERM, "interrupted")]
+    signum = WATCHER_SIGNALS[plan.fault]
+    ends = [Expect(128 + signum, "interrupted")]
+    if seen.rank_faulted:
+        ends.append(own)
+    if plan.phase is Phase.START_UP:
+        ends += [
+            Expect(-signum, None, record=False),  # before gpulaunch took the signal over
+            Expect(START_FAILED, "start-failed"),  # a start that failed cleanly, reported
+            Expect(START_FAILED, None, record=False),  # ... or one line before any unit
+        ]
+        if signum == signal.SIGINT:
+            ends.append(Expect(128 + signum, None, record=False))  # ^C during the imports
+    return ends
+
+
+def _matches(e: Expect, seen: Seen) -> bool:
+    if seen.returncode != e.status:
+        return False
+    if e.cause is None:
+        return seen.headline is None
+    h = seen.headline
+    return h is not None and (h.status, h.cause, h.rank) == (e.status, e.cause, e.rank)
+
+
+def judge(plan: JobPlan, seen: Seen) -> Verdict:
+    reasons: list[str] = []
+    v = dict(
+        leaked_units=bool(seen.leaked_units),
+        leaked_procs=seen.leaked_procs > 0,
+        hang=seen.returncode is None,
+    )
+    if seen.leaked_units:
+        reasons.append("units left: " + " ".join(seen.leaked_units))
+    if seen.leaked_procs:
+        reasons.append(f"{seen.leaked_procs} processes of the job left")
+    if seen.returncode is None:
+        reasons.append("did not end within the hang bound (killed)")
+        return Verdict(**v, reasons=tuple(reasons))
+    if "Traceback (most recent call last)" in seen.stderr or "internal error" in seen.stderr:
+        v["wrong_report"] = True
+        reasons.append("a traceback or 'internal error' on stderr")
+    if plan.fault is Fault.GPULAUNCH_STOP and seen.acted and seen.action_rc != 0:
+        v["wrong_status"] = True
+        reasons.append(f"`gpulaunch stop` exited {seen.action_rc}, not 0")
+    ends = expected(plan, seen)
+    match = next((e for e in ends if _matches(e, seen)), None)
+    if match is None:
+        statuses = sorted({e.status for e in ends})
+        if seen.returncode not in statuses:
+            v["wrong_status"] = True
+            reasons.append(f"exit {seen.returncode}, expected one of {statuses}")
+        else:
+            v["wrong_report"] = True
+            reasons.append(f"report {_show(seen.headline)} for exit {seen.returncode}")
+    needs_record = seen.headline is not None or (match is not None and match.record)
+    if plan.fault is not Fault.WATCHER_SIGKILL:  # (a record there must say what happened)
+        if seen.record is None:
+            if needs_record:
+                v["missing_record"] = True
+                reasons.append("no journal record")
+        elif seen.headline is not None and seen.record != seen.headline:
+            v["wrong_report"] = True
+            reasons.append(f"record {_show(seen.record)} but report {_show(seen.headline)}")
+        elif seen.record.status != seen.returncode:
+            v["wrong_report"] = True
+            reasons.append(f"record {_show(seen.record)} but exit {seen.returncode}")
+    return Verdict(**v, reasons=tuple(reasons))
+
+
+def _show(end: End | None) -> str:
+    if end is None:
+        return "none"
+    rank = f" rank {end.rank}" if end.rank is not None else ""
+    return f"{end.cause}{rank} status {end.status}"

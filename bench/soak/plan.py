@@ -1,0 +1,176 @@
+"""The faults of the soak and one job's plan, drawn from the seed and the job's index alone.
+
+Job `i` of seed `S` gets the same plan whatever else runs (`--first i --jobs 1` replays
+it), given the same `--only`: the fault is drawn among the kinds that run.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import signal
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+class Fault(enum.StrEnum):
+    """One job's fault (what the README's exit-status rules make of it: bench/soak/judge.py)."""
+
+    SUCCESS = "success"  # every rank exits 0
+    RANK_EXIT = "rank-exit"  # a rank exits with a random code 1-255
+    RANK_SIGKILL = "rank-sigkill"  # a rank SIGKILLs itself
+    RANK_SIGSEGV = "rank-sigsegv"  # a rank SIGSEGVs itself
+    WATCHER_SIGKILL = "watcher-sigkill"  # SIGKILL to `gpulaunch start`, start-up or running
+    WATCHER_SIGTERM = "watcher-sigterm"  # SIGTERM to it, start-up or running; a rank fails too
+    WATCHER_SIGINT = "watcher-sigint"  # SIGINT, the same
+    LATE_SIGTERM = "late-sigterm"  # SIGTERM to it as it reports a rank's failure
+    LATE_SIGINT = "late-sigint"  # SIGINT, the same
+    SLICE_STOP = "slice-stop"  # `systemctl stop gpulaunch-<JOB>.slice` while it runs
+    GPULAUNCH_STOP = "gpulaunch-stop"  # `gpulaunch stop JOB` while it runs
+    DBUS_RESTART = "dbus-restart"  # `systemctl restart dbus` while it runs
+    JOURNALD_RESTART = "journald-restart"  # `systemctl restart systemd-journald` while it runs
+
+
+FAULTS = tuple(Fault)
+WATCHER_SIGNALS = {
+    Fault.WATCHER_SIGKILL: signal.SIGKILL,
+    Fault.WATCHER_SIGTERM: signal.SIGTERM,
+    Fault.WATCHER_SIGINT: signal.SIGINT,
+    Fault.LATE_SIGTERM: signal.SIGTERM,
+    Fault.LATE_SIGINT: signal.SIGINT,
+}
+LATE = (Fault.LATE_SIGTERM, Fault.LATE_SIGINT)
+RANK_FAULTS = {
+    Fault.RANK_EXIT: "exit",
+    Fault.RANK_SIGKILL: "sigkill",
+    Fault.RANK_SIGSEGV: "sigsegv",
+}
+RESTARTS = {Fault.DBUS_RESTART: "dbus", Fault.JOURNALD_RESTART: "systemd-journald"}
+LONG_S = 30.0  # ranks that should be stopped sleep this long; the hang bound is longer
+
+
+class Phase(enum.StrEnum):
+    """When an outside action comes, from what the soak sees."""
+
+    START_UP = "start-up"  # `offset` after the launcher was spawned: imports, planning, units
+    RUNNING = "running"  # `offset` after every rank stamped `ready`
+    AT_THE_END = "at-the-end"  # `offset` after the failing rank stamped `fault`
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    index: int
+    fault: Fault
+    nproc: int
+    rank_fault: str  # what the rank `fault_rank` does: none, exit, sigkill, sigsegv
+    fault_rank: int
+    code: int  # its exit code for `exit`
+    after_s: float  # it does it this long after its `ready`
+    sleep_s: float  # every other rank exits 0 after this long
+    phase: Phase | None  # of the outside action; None: there is none
+    offset_s: float
+
+    def rank_args(self) -> list[str]:
+        return [
+            *("--fault", self.rank_fault, "--fault-rank", str(self.fault_rank)),
+            *("--code", str(self.code), "--after", f"{self.after_s:.3f}"),
+            *("--sleep", f"{self.sleep_s:.3f}"),
+        ]
+
+    def describe(self) -> str:
+        """E.g. `2 ranks; rank 1 exit 37 after 0.42 s; SIGTERM to the watcher, running +0.10 s`."""
+        what = [f"{self.nproc} rank{'s' if self.nproc > 1 else ''}"]
+        if self.rank_fault == "none":
+            what.append(f"ranks exit 0 after {self.sleep_s:.2f} s")
+        else:
+            code = f" {self.code}" if self.rank_fault == "exit" else ""
+            what.append(
+                f"rank {self.fault_rank} {self.rank_fault}{code} after {self.after_s:.2f} s"
+            )
+        if self.phase is not None:
+            what.append(f"{self.action()}, {self.phase} +{self.offset_s:.2f} s")
+        return "; ".join(what)
+
+    def action(self) -> str:
+        if self.fault in WATCHER_SIGNALS:
+            return f"{WATCHER_SIGNALS[self.fault].name} to the watcher"
+        if self.fault is Fault.SLICE_STOP:
+            return "systemctl stop of the job slice"
+        if self.fault is Fault.GPULAUNCH_STOP:
+            return "gpulaunch stop"
+        return f"systemctl restart {RESTARTS[self.fault]}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def draw(seed: int, index: int, kinds: tuple[Fault, ...]) -> JobPlan:
+    """Job `index`'s plan: only the seed, the index and the kinds decide it."""
+    rng = random.Random(f"soak:{seed}:{index}")
+    fault = rng.choice(kinds)
+    nproc = rng.randint(1, 3)
+    fault_rank = rng.randrange(nproc)
+    code = rng.randint(1, 255)
+    after = rng.uniform(0.2, 0.8)
+    base = dict(index=index, fault=fault, nproc=nproc, fault_rank=fault_rank, code=code)
+    if fault is Fault.SUCCESS:
+        return JobPlan(
+            **base, rank_fault="none", after_s=after, sleep_s=after, phase=None, offset_s=0.0
+        )
+    if fault in RANK_FAULTS:
+        return JobPlan(
+            **base,
+            rank_fault=RANK_FAULTS[fault],
+            after_s=after,
+            sleep_s=LONG_S,
+            phase=None,
+            offset_s=0.0,
+        )
+    if fault is Fault.WATCHER_SIGKILL:
+        phase = rng.choice((Phase.START_UP, Phase.RUNNING))
+        return JobPlan(
+            **base,
+            rank_fault="none",
+            after_s=after,
+            sleep_s=LONG_S,
+            phase=phase,
+            offset_s=_offset(rng, phase, after),
+        )
+    if fault in WATCHER_SIGNALS:  # a rank fails too: whichever the watcher saw first counts
+        phase = Phase.AT_THE_END if fault in LATE else rng.choice((Phase.START_UP, Phase.RUNNING))
+        return JobPlan(
+            **base,
+            rank_fault="exit",
+            after_s=after,
+            sleep_s=LONG_S,
+            phase=phase,
+            offset_s=_offset(rng, phase, after),
+        )
+    if fault in (Fault.SLICE_STOP, Fault.GPULAUNCH_STOP):
+        return JobPlan(
+            **base,
+            rank_fault="none",
+            after_s=after,
+            sleep_s=LONG_S,
+            phase=Phase.RUNNING,
+            offset_s=rng.uniform(0, 0.5),
+        )
+    # A restart of a service: the job ends as it would have, by success or a rank's exit.
+    rank_fault = rng.choice(("none", "exit"))
+    sleep = LONG_S if rank_fault == "exit" else after + 0.3
+    return JobPlan(
+        **base,
+        rank_fault=rank_fault,
+        after_s=after + 0.3,
+        sleep_s=sleep,
+        phase=Phase.RUNNING,
+        offset_s=rng.uniform(0, 0.3),
+    )
+
+
+def _offset(rng: random.Random, phase: Phase, after: float) -> float:
+    if phase is Phase.START_UP:
+        return rng.uniform(0, 1.0)  # gpulaunch's imports, planning, the units being made
+    if phase is Phase.RUNNING:
+        return rng.uniform(0, after)  # before the rank's fault, mostly
+    return rng.uniform(0, 0.1)  # as the failure is seen and the report made

@@ -1,0 +1,116 @@
+"""The fault soak's pure logic (bench/soak/): plans drawn from the seed, the README's rules.
+
+The soak itself runs against the box in tests/integration/test_soak.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bench.soak.judge import End, Seen, judge, parse_headline
+from bench.soak.plan import FAULTS, Fault, JobPlan, Phase, draw
+
+JOB = "bench_soak_0123456789"
+
+
+def seen(returncode: int | None, report: End | None, **kw: object) -> Seen:
+    base = Seen(
+        returncode=returncode,
+        stderr="",
+        headline=report,
+        record=report,
+        leaked_units=(),
+        leaked_procs=0,
+        acted=True,
+        action_rc=0,
+        rank_faulted=False,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def plan_of(fault: Fault, **kw: object) -> JobPlan:
+    """A plan of this fault kind, drawn as the soak draws it, with some fields set."""
+    return replace(draw(7, 0, (fault,)), **kw)  # type: ignore[arg-type]
+
+
+def test_a_plan_depends_on_the_seed_the_index_and_the_kinds_only() -> None:
+    assert draw(5, 17, FAULTS) == draw(5, 17, FAULTS)
+    assert len({draw(5, i, FAULTS).fault for i in range(200)}) == len(FAULTS)
+    assert {draw(5, i, (Fault.SLICE_STOP,)).fault for i in range(20)} == {Fault.SLICE_STOP}
+    late = draw(5, 3, (Fault.LATE_SIGTERM,))
+    assert late.phase is Phase.AT_THE_END and late.rank_fault == "exit"
+
+
+def test_headlines_are_read_as_report_py_writes_them() -> None:
+    lines = {
+        f"gpulaunch: job {JOB} succeeded (all 2 ranks exited 0)": End(0, "succeeded", None),
+        f"gpulaunch: job {JOB} failed: rank 1 exit 37 (status 37)": End(37, "rank-failed", 1),
+        f"gpulaunch: job {JOB} failed: rank 0 SIGSEGV (status 139)": End(139, "rank-failed", 0),
+        f"gpulaunch: job {JOB} stopped by SIGTERM (status 143)": End(143, "interrupted", None),
+        f"gpulaunch: job {JOB} stopped by systemctl stop (status 143)": End(
+            143, "interrupted", None
+        ),
+        f"gpulaunch: job {JOB} failed to start (status 71)": End(71, "start-failed", None),
+    }
+    for line, end in lines.items():
+        assert parse_headline(JOB, f"[rank0] hi\n{line}\n  rank  unit\n") == end
+    assert parse_headline(JOB, "gpulaunch: job other failed: rank 1 exit 3 (status 3)") is None
+
+
+def test_a_rank_failure_is_its_status_its_report_and_its_record() -> None:
+    plan = plan_of(Fault.RANK_EXIT, code=37, fault_rank=1)
+    right = End(37, "rank-failed", 1)
+    assert not judge(plan, seen(37, right)).failed
+    assert judge(plan, seen(1, End(1, "rank-failed", 1))).wrong_status
+    assert judge(plan, seen(37, End(37, "rank-failed", 0))).wrong_report
+    assert judge(plan, seen(37, right, record=None)).missing_record
+    assert judge(plan, seen(37, right, record=End(143, "interrupted", None))).wrong_report
+    sigsegv = plan_of(Fault.RANK_SIGSEGV, fault_rank=0)
+    assert not judge(sigsegv, seen(139, End(139, "rank-failed", 0))).failed
+
+
+def test_an_outside_stop_is_an_interrupt_never_a_rank_failure() -> None:
+    """Issue 13, item 5: what the soak found on main before h/ends."""
+    plan = plan_of(Fault.SLICE_STOP)
+    assert not judge(plan, seen(143, End(143, "interrupted", None))).failed
+    v = judge(plan, seen(143, End(143, "rank-failed", 0)))
+    assert v.wrong_report and not v.wrong_status
+    stop = plan_of(Fault.GPULAUNCH_STOP)
+    assert judge(stop, seen(143, End(143, "interrupted", None), action_rc=3)).wrong_status
+
+
+def test_a_late_signal_never_changes_the_reported_status() -> None:
+    """Issue 13, item 6: reported rank-failed 130, then the watcher died of SIGTERM."""
+    plan = plan_of(Fault.LATE_SIGTERM, code=130, fault_rank=0)
+    v = judge(plan, seen(-15, None, record=End(130, "rank-failed", 0), rank_faulted=True))
+    assert v.wrong_status and v.wrong_report
+    rank_first = seen(130, End(130, "rank-failed", 0), rank_faulted=True)
+    assert not judge(plan, rank_first).failed
+    assert judge(plan, replace(rank_first, rank_faulted=False)).failed  # it never failed
+    assert not judge(plan, seen(143, End(143, "interrupted", None))).failed
+
+
+def test_a_signal_during_start_up_may_end_it_before_anything_exists() -> None:
+    plan = plan_of(Fault.WATCHER_SIGINT, phase=Phase.START_UP)
+    assert not judge(plan, seen(-2, None)).failed  # before gpulaunch took SIGINT over
+    assert not judge(plan, seen(130, None)).failed  # its quiet ^C during the imports
+    assert not judge(plan, seen(71, End(71, "start-failed", None))).failed
+    assert judge(plan, seen(70, None)).wrong_status
+    traceback = seen(-2, None, stderr="Traceback (most recent call last):\nKeyboardInterrupt")
+    assert judge(plan, traceback).wrong_report
+    running = replace(plan, phase=Phase.RUNNING)
+    assert judge(running, seen(-2, None)).wrong_status  # once it runs, the watcher handles it
+
+
+def test_a_killed_watcher_owes_no_record_but_leaves_nothing() -> None:
+    plan = plan_of(Fault.WATCHER_SIGKILL)
+    assert not judge(plan, seen(-9, None)).failed
+    v = judge(plan, seen(-9, None, leaked_units=("gpulaunch-x.slice",), leaked_procs=2))
+    assert v.leaked_units and v.leaked_procs and not v.missing_record
+
+
+def test_a_restart_of_a_service_changes_nothing_and_a_hang_is_counted() -> None:
+    plan = plan_of(Fault.DBUS_RESTART, rank_fault="none")
+    assert not judge(plan, seen(0, End(0, "succeeded", None))).failed
+    assert judge(plan, seen(70, None)).wrong_status
+    assert judge(plan, seen(None, None)).hang
