@@ -6,6 +6,7 @@ Exit codes: gpulaunch/errors.py (and the README).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -277,6 +278,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if "manager" in args:  # --system/--user, or the default for who runs it
             args.manager = default_manager(args.manager)
         code = int(args.func(args))
+    except KeyboardInterrupt:  # Ctrl-C outside the watcher's loop: quietly, the shell's 130
+        code = 130
+    except BrokenPipeError:  # `gpulaunch doctor | head`: the reader is gone, as SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + 13
     except GpulaunchError as exc:
         if debug:
             traceback.print_exc()

@@ -46,6 +46,8 @@ def open_supervisor(
             if kind is SupervisorKind.SYSTEMD:
                 raise
             why = f"no systemd manager answers: {exc.message}"
+            if exc.hint:  # what would give the job systemd's supervision
+                why += f"; for systemd's supervision: {exc.hint}"
         except ImportError as exc:  # pystemd's C extension did not load
             if kind is SupervisorKind.SYSTEMD:
                 raise NoSystemdError(f"pystemd cannot be imported ({exc})", "reinstall") from exc

@@ -19,8 +19,17 @@ CANNOT_RUN = 69  # as for "no systemd manager reachable" (gpulaunch/cli.py)
 
 
 def can_run(findings: Sequence[Finding]) -> bool:
-    """True when nothing stops a job from running here."""
-    return all(f.status is not Status.FAIL for f in findings)
+    """True when nothing stops a job from running here.
+
+    A systemd manager that does not answer stops nothing where the job gets a
+    supervisor anyway (the direct one): that row is then what a job lacks, not a stop.
+    """
+    chosen = next((f for f in findings if f.area == "supervisor" and f.item == "a job gets"), None)
+    if chosen is not None and chosen.status is Status.FAIL:
+        return False
+    return all(
+        f.status is not Status.FAIL for f in findings if chosen is None or f.area != "systemd"
+    )
 
 
 def format_table(findings: Sequence[Finding]) -> str:

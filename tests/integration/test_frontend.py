@@ -179,13 +179,20 @@ def test_stop_and_logs_from_a_second_login(login: Login, ujob: Job) -> None:
 
 
 def test_user_without_a_user_manager(box: Any, ujob: Job) -> None:
+    """--supervisor systemd: one line, what is missing and what to do. auto: the job runs
+    under the direct supervisor, and the start line says why and how to get systemd's."""
     nolinger = make_user(box, "glnolinger", manager=False)
-    res = nolinger.run(ujob.argv("--nproc", "1"))
+    res = nolinger.run(ujob.argv("--nproc", "1", "--supervisor", "systemd"))
     assert res.returncode == 69, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpulaunch: error: "), res.stderr
     assert f"/run/user/{nolinger.uid}/bus" in lines[0] and "enable-linger" in lines[0]
     assert not ujob.pids()
+    res = nolinger.run(ujob.argv("--nproc", "1"))
+    assert res.returncode == 0, res.stderr
+    line = next(x for x in res.stderr.splitlines() if "direct supervisor" in x)
+    assert "no systemd manager answers" in line and "enable-linger" in line, res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_detach_from_a_login_shell(login: Login, ujob: Job) -> None:
