@@ -36,7 +36,7 @@ def run_job(
     stamps = scratch / f"job{plan.index}"
     stamps.mkdir()
     run = launchers.start(
-        Launcher.GPULAUNCH,
+        Launcher.SYSTEMD,
         plan.nproc,
         launchers.rank_script("soak"),
         ["--dir", str(stamps), *plan.rank_args()],

@@ -46,6 +46,7 @@ from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank
+from gpulaunch.watcher.settle import Settle
 
 
 class Watcher(EventLoop):
@@ -85,7 +86,7 @@ class Watcher(EventLoop):
         self.output = output or Output(OutputOptions(), spec.world_size)
         self.journal = journal  # whether the pumps write to journald
         self.attempt = 0  # restarts of the whole gang so far (--max-restarts)
-        self._settle_deadline: float | None = None  # see _finished
+        self._settle = Settle(spec.grace_sec)  # see _finished
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
@@ -159,7 +160,7 @@ class Watcher(EventLoop):
         )
         self.ranks = [Rank(spec=r) for r in self.spec.ranks]
         self.stop_issued = False
-        self._settle_deadline = None
+        self._settle = Settle(self.spec.grace_sec)
         self._all_forked = False
         self._set_phase(Phase.STARTING)
         self._run(self.supervisor.renew_gang())
@@ -220,16 +221,11 @@ class Watcher(EventLoop):
             return False
         pumps_done = all(r.pump is None or r.pump.pidfd < 0 for r in self.ranks)
         output_done = pumps_done and self.output.open_pipes == 0
-        if not self.stop_issued:
-            # Every rank ended by itself. Stop the ranks slice, so that nothing a rank
-            # left behind (a daemonised helper) outlives it: at once while one of their
-            # streams is open (a leftover holds it; the pumps ignore SIGTERM and drain),
-            # else when the pumps handed their last lines to journald, or after the grace.
-            draining = not output_done and self.output.open_pipes == 0
-            if draining and self._settle_deadline is None:
-                self._settle_deadline = self.clock() + self.spec.grace_sec
-                self._aio.call_later(self.spec.grace_sec, self._poke)
-            if draining and self.clock() < (self._settle_deadline or 0):
+        if not self.stop_issued:  # every rank ended by itself (watcher/settle.py)
+            wait = self._settle.wait(self.clock(), self.output.open_pipes > 0, pumps_done)
+            if wait is not None:
+                if wait[1]:  # a new deadline: be woken then
+                    self._aio.call_later(wait[0], self._poke)
                 return False
             self._begin_stop()
         done = not self.gang_stopping and output_done

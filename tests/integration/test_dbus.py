@@ -295,7 +295,9 @@ def box_user(box: object) -> tuple[int, list[str]]:
 
     if not isinstance(box, Box):
         pytest.skip("needs the throwaway box: it would add a user to this host")
-    box.run(["useradd", "--create-home", "gljob"], check=True, capture_output=True)
+    # Module-scoped, and other modules use it too: the box (one per session) may have it.
+    if box.run(["id", "-u", "gljob"], capture_output=True).returncode != 0:
+        box.run(["useradd", "--create-home", "gljob"], check=True, capture_output=True)
     box.run(["chmod", "711", "/root"], check=True)  # let the user reach this Python
     uid = int(box.run(["id", "-u", "gljob"], capture_output=True, text=True, check=True).stdout)
     box.run(["systemctl", "start", f"user@{uid}.service"], check=True)

@@ -81,7 +81,8 @@ def make_user(box: Any, name: str, *, manager: bool) -> Login:
 
     if not isinstance(box, Box):
         pytest.skip("needs the throwaway box: it would add a user to this host")
-    box.run(["useradd", "--create-home", name], check=True, capture_output=True)
+    if box.run(["id", "-u", name], capture_output=True).returncode != 0:  # one box a session
+        box.run(["useradd", "--create-home", name], check=True, capture_output=True)
     # Inside the box's overlay only: let the user reach this Python (pyenv lives under /root).
     box.run(["chmod", "711", "/root"], check=True)
     uid = int(box.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)

@@ -377,7 +377,8 @@ def box_user(box: object) -> tuple[int, dict[str, str]]:
 
     if not isinstance(box, Box):
         pytest.skip("needs the throwaway box: it would add a user to this host")
-    box.run(["useradd", "--create-home", "gltest"], check=True, capture_output=True)
+    if box.run(["id", "-u", "gltest"], capture_output=True).returncode != 0:  # one box a session
+        box.run(["useradd", "--create-home", "gltest"], check=True, capture_output=True)
     # Inside the box's overlay only: let the user reach this Python (pyenv lives under /root).
     box.run(["chmod", "711", "/root"], check=True)
     uid = int(box.run(["id", "-u", "gltest"], capture_output=True, text=True, check=True).stdout)

@@ -27,6 +27,7 @@ from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.names import UnitNames
 from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
+from gpulaunch.watcher.settle import LEFTOVER_S, Settle
 
 
 class FakeSystemd:
@@ -410,3 +411,16 @@ def test_an_ordinary_users_error_files_never_go_to_a_shared_tmp_dir(
             runtime_base(Manager.USER)
     finally:
         tempfile.tempdir = None
+
+
+def test_settle_waits_for_the_pumps_and_briefly_for_a_last_chunk() -> None:
+    """A stream open right after the last rank ended is a pump's last chunk, not a leftover."""
+    s = Settle(grace=10.0)
+    assert s.wait(100.0, streams_open=True, pumps_done=False) == (LEFTOVER_S, True)
+    assert s.wait(100.5, streams_open=False, pumps_done=False) == (10.0, True)  # draining
+    assert s.wait(105.5, streams_open=False, pumps_done=False) == (5.0, False)
+    assert s.wait(110.5, streams_open=False, pumps_done=False) is None  # after the grace
+    held = Settle(grace=10.0)
+    held.wait(0.0, streams_open=True, pumps_done=False)
+    assert held.wait(LEFTOVER_S, streams_open=True, pumps_done=False) is None  # a leftover
+    assert Settle(grace=10.0).wait(0.0, streams_open=False, pumps_done=True) is None
