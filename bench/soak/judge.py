@@ -15,7 +15,12 @@ The rules (README, "Exit status"; docs/dbus.md, the record):
   start-up also: the process died of the signal before gpulaunch took it over (the
   shell's 143/130, nothing made, no report, no record), 130 from `gpulaunch`'s quiet ^C
   during its imports (no report, no record), or a clean start failure (71, one line);
-  never 70 and never a traceback;
+  never 70 and never a traceback, but for one: a SIGINT in the first milliseconds, while
+  the Python interpreter and the console script start and before gpulaunch's first
+  line runs, ends with Python's own KeyboardInterrupt (exit 1 or the shell's 130, no
+  report, no record). No Python program can prevent that; `_before_our_code` tells it
+  from a traceback of gpulaunch's (any frame of gpulaunch's code beyond its entry
+  module's first line is one);
 - `systemctl stop` of the job slice, `gpulaunch stop`: 143, cause `interrupted`;
   `gpulaunch stop` itself exits 0 (docs/dbus.md);
 - a restart of dbus or journald: the job's own end, as if nothing had happened.
@@ -177,6 +182,8 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
     if seen.returncode is None:
         reasons.append("did not end within the hang bound (killed)")
         return Verdict(**v, reasons=tuple(reasons))
+    if _before_our_code(plan, seen):  # the signal won: nothing made, nothing reported
+        return Verdict(**v, reasons=tuple(reasons))
     if "Traceback (most recent call last)" in seen.stderr or "internal error" in seen.stderr:
         v["wrong_report"] = True
         reasons.append("a traceback or 'internal error' on stderr")
@@ -206,6 +213,38 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
             v["wrong_report"] = True
             reasons.append(f"record {_show(seen.record)} but exit {seen.returncode}")
     return Verdict(**v, reasons=tuple(reasons))
+
+
+_FRAME = re.compile(r'^  File "([^"]+)", line (\d+)', re.M)
+
+
+def _before_our_code(plan: JobPlan, seen: Seen) -> bool:
+    """A start-up SIGINT that Python's own KeyboardInterrupt took before gpulaunch's code.
+
+    Every frame is the interpreter's (frozen importlib, the standard library), the
+    console script's stub, or the first lines of gpulaunch/__main__.py (its `import
+    signal`, before the handler it installs); and nothing was made or reported.
+    """
+    if plan.fault is not Fault.WATCHER_SIGINT or plan.phase is not Phase.START_UP:
+        return False
+    if not seen.stderr.rstrip().endswith("KeyboardInterrupt"):
+        return False
+    if seen.headline is not None or seen.record is not None or seen.returncode not in (1, -2):
+        return False
+    frames = _FRAME.findall(seen.stderr)
+    if not frames:
+        return False
+    for path, line in frames:
+        if path.endswith("gpulaunch/__main__.py") and int(line) <= ENTRY_LINES:
+            continue
+        if path.endswith("/bin/gpulaunch") or path.startswith("<frozen"):
+            continue
+        if "/gpulaunch/" in path or "site-packages" in path:
+            return False  # gpulaunch's code (or its dependencies') ran: a real traceback
+    return True
+
+
+ENTRY_LINES = 18  # gpulaunch/__main__.py up to the line that installs its quiet ^C
 
 
 def _show(end: End | None) -> str:

@@ -114,3 +114,25 @@ def test_a_restart_of_a_service_changes_nothing_and_a_hang_is_counted() -> None:
     assert not judge(plan, seen(0, End(0, "succeeded", None))).failed
     assert judge(plan, seen(70, None)).wrong_status
     assert judge(plan, seen(None, None)).hang
+
+
+PYTHON_STARTUP = """Traceback (most recent call last):
+  File "/venv/bin/gpulaunch", line 5, in <module>
+  File "/repo/gpulaunch/__main__.py", line 11, in <module>
+  File "<frozen importlib._bootstrap>", line 1176, in _find_and_load
+KeyboardInterrupt
+"""
+OUR_CODE = PYTHON_STARTUP.replace('__main__.py", line 11', '__main__.py", line 25').replace(
+    "<frozen importlib._bootstrap>", "/repo/gpulaunch/cli.py"
+)
+
+
+def test_a_sigint_before_gpulaunchs_first_line_is_pythons_not_a_defect() -> None:
+    """Python's own KeyboardInterrupt while the interpreter and the console script start
+    is no gpulaunch traceback; one with a frame of gpulaunch's code past its entry is."""
+    plan = plan_of(Fault.WATCHER_SIGINT, phase=Phase.START_UP)
+    for code in (1, -2):
+        assert not judge(plan, seen(code, None, stderr=PYTHON_STARTUP)).failed
+    assert judge(plan, seen(1, None, stderr=OUR_CODE)).failed
+    running = replace(plan, phase=Phase.RUNNING)
+    assert judge(running, seen(1, None, stderr=PYTHON_STARTUP)).failed
