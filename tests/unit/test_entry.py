@@ -54,3 +54,21 @@ def test_interrupt_after_imports_is_a_keyboard_interrupt_again() -> None:
     # The commands that wait (wait, stop, a detached start) catch KeyboardInterrupt.
     res = subprocess.run([sys.executable, "-c", AFTER_IMPORTS], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_reader_that_goes_away_is_quiet(tmp_path: Path) -> None:
+    """`gpulaunch render ... | head -1`: no 'internal error', the status of a SIGPIPE."""
+    (tmp_path / "train.py").write_text("print('training')\n")
+    proc = subprocess.Popen(
+        [GPULAUNCH, "render", "--nproc", "64", "--job", "pipe", "train.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith("# gpulaunch-pipe")
+    proc.stdout.close()  # the reader is gone: the rest of the 64 units' text cannot be written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141, err
+    assert "internal error" not in err and "Traceback" not in err, err
