@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpulaunch.jobapi.record import MESSAGE_ID
 from gpulaunch.units.names import UnitNames
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +122,25 @@ class Job:
 
     def wait_file(self, name: str, timeout: float = 60) -> None:
         wait_until(lambda: (self.dir / name).exists(), timeout, f"{name} in {self.dir}")
+
+    def record(self) -> dict[str, Any]:
+        """The job's one journal record (asserts there is exactly one), as journalctl gives it."""
+        out = self.box.run(
+            [
+                "journalctl",
+                "-o",
+                "json",
+                "--all",
+                f"MESSAGE_ID={MESSAGE_ID}",
+                f"GPULAUNCH_JOB={self.id}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        entries = [json.loads(line) for line in out.splitlines()]
+        assert len(entries) == 1, entries
+        return entries[0]
 
     def stop(self) -> None:
         self.box.run(["systemctl", "stop", self.names.job_slice], capture_output=True)

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from gpulaunch.jobapi.record import MESSAGE_ID
 from gpulaunch.jobapi.view import bus_name, object_path
 from tests.integration.jobs import GPULAUNCH, REPO, Job, wait_until
 from tests.integration.test_start import assert_clean
@@ -363,22 +362,7 @@ def test_journal_record_and_status_after_the_end(job: Job) -> None:
         "--nproc", "2", script_args=["--sleep", "60", "--exit", "1:7", "--fail-after", "0.2"]
     )
     assert res.returncode == 7, res.stderr
-    out = job.box.run(
-        [
-            "journalctl",
-            "-o",
-            "json",
-            "--all",
-            f"MESSAGE_ID={MESSAGE_ID}",
-            f"GPULAUNCH_JOB={job.id}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    entries = [json.loads(line) for line in out.splitlines()]
-    assert len(entries) == 1
-    entry = entries[0]
+    entry = job.record()
     assert entry["GPULAUNCH_STATUS"] == "7" and entry["GPULAUNCH_CAUSE_RANK"] == "1"
     assert entry["GPULAUNCH_STATE"] == "failed" and entry["GPULAUNCH_SLICE"] == job.names.job_slice
     assert entry["_SYSTEMD_UNIT"] == job.names.watcher_scope and entry["PRIORITY"] == "3"

@@ -12,35 +12,14 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any
 
 import pytest
 
-from gpulaunch.jobapi.record import MESSAGE_ID
 from tests.integration.jobs import GPULAUNCH, Job, assert_clean, new_job
 
 pytestmark = pytest.mark.integration
 
 REPEAT = 8  # each of these was wrong most of the time before the fix
-
-
-def record(job: Job) -> dict[str, Any]:
-    out = job.box.run(
-        [
-            "journalctl",
-            "-o",
-            "json",
-            "--all",
-            f"MESSAGE_ID={MESSAGE_ID}",
-            f"GPULAUNCH_JOB={job.id}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    entries = [json.loads(line) for line in out.splitlines()]
-    assert len(entries) == 1, entries
-    return entries[0]
 
 
 def running(job: Job, nproc: int = 2) -> subprocess.Popen[str]:
@@ -55,7 +34,7 @@ def assert_interrupted_by(job: Job, proc: subprocess.Popen[str], by: str) -> Non
     assert proc.returncode == 143, err
     assert f"job {job.id} stopped by {by} (status 143)" in err, err
     assert " cause " not in err and "'s error" not in err, err
-    entry = record(job)
+    entry = job.record()
     assert (entry["GPULAUNCH_CAUSE"], entry["GPULAUNCH_STATUS"]) == ("interrupted", "143")
     assert entry["GPULAUNCH_INTERRUPTED_BY"] == by
     assert "GPULAUNCH_CAUSE_RANK" not in entry and "GPULAUNCH_CAUSE_ERROR" not in entry
@@ -102,7 +81,7 @@ def test_a_late_signal_does_not_change_the_status(job: Job) -> None:
                     break
             _, rest = proc.communicate(timeout=60)
             assert proc.returncode == 0, "".join(lines) + rest
-            assert record(each)["GPULAUNCH_STATUS"] == "0"
+            assert each.record()["GPULAUNCH_STATUS"] == "0"
         finally:
             each.stop()
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.jobapi.record import MESSAGE_ID
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean
 
 pytestmark = pytest.mark.integration
@@ -196,20 +195,7 @@ def test_a_huge_stderr_line_is_bounded_in_report_record_and_status(job: Job) -> 
     report = res.stderr[res.stderr.index("rank 1's error") :]
     cut = f"[... {spew - 512} bytes cut ...]"
     assert cut in report and len(report) < 10_000, len(report)
-    record = job.box.run(
-        [
-            "journalctl",
-            "-o",
-            "json",
-            "--all",
-            f"MESSAGE_ID={MESSAGE_ID}",
-            f"GPULAUNCH_JOB={job.id}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    (entry,) = [json.loads(line) for line in record.splitlines()]
+    entry = job.record()
     error = entry["GPULAUNCH_CAUSE_ERROR"]
     assert cut in error and len(error) < 10_000, len(error)
     assert len(entry["MESSAGE"]) < 12_000
