@@ -23,10 +23,10 @@ from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.model import JobSpec, Manager, SupervisorKind
 from gpulaunch.multinode.protocol import Layout
-from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import count, format_report
+from gpulaunch.supervisor.choose import systemd_wanted
 from gpulaunch.units.definitions import JobUnits
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
@@ -64,7 +64,7 @@ def start(
     which runs it again as a service of the user manager where that manager cannot
     adopt us (`frontend_child` there).
     """
-    if opts.manager is Manager.USER and _may_use_systemd(opts):
+    if opts.manager is Manager.USER and systemd_wanted(opts.supervisor, os.environ):
         from gpulaunch.frontend.need import needs_frontend
         from gpulaunch.frontend.userbus import ensure_user_bus
 
@@ -229,10 +229,3 @@ def journal_drops(
         if stored < written:
             drops.append(LogDrop(rank.rank, written, stored, unreachable=rank.rank in missed))
     return tuple(drops)
-
-
-def _may_use_systemd(opts: StartOptions) -> bool:
-    """Whether the job could run under systemd (else no front end, no user bus needed)."""
-    if opts.supervisor is SupervisorKind.DIRECT:
-        return False
-    return opts.supervisor is SupervisorKind.SYSTEMD or resource_manager_step(os.environ) is None

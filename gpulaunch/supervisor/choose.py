@@ -29,6 +29,13 @@ class Chosen:
     where: str  # where the ranks are, for the start line and the record
 
 
+def systemd_wanted(kind: SupervisorKind, env: Mapping[str, str]) -> bool:
+    """Whether systemd is tried first: asked for, or `auto` outside a resource manager's step."""
+    return kind is SupervisorKind.SYSTEMD or (
+        kind is SupervisorKind.AUTO and resource_manager_step(env) is None
+    )
+
+
 def open_supervisor(
     kind: SupervisorKind,
     spec: JobSpec,
@@ -39,7 +46,7 @@ def open_supervisor(
 ) -> Chosen:
     """The job's supervisor, entered on `stack` (undone when the job is done)."""
     step = resource_manager_step(env)
-    if kind is SupervisorKind.SYSTEMD or (kind is SupervisorKind.AUTO and step is None):
+    if systemd_wanted(kind, env):
         try:
             return _systemd(spec, units, stack, step, warn)
         except NoSystemdError as exc:
