@@ -12,12 +12,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sdbox.box import cgroup2_root
 from tests.integration.jobs import REPO, Job, wait_until
 from tests.integration.test_dbus import box_user, gl, one_line_error
 from tests.integration.test_start import assert_clean
 
 __all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
+pytestmark = pytest.mark.integration
+
+
+def failing_first(ends: list[tuple[Any, ...]], err: str = "") -> str:
+    """An assertion message that names the failing run (the last) before the runs that
+    passed: pytest cuts a long message at its end."""
+    lines = [f"failed: run {ends[-1]}", *([err.strip()] if err else [])]
+    return "\n".join([*lines, f"runs before it: {ends[:-1]}"])
 
 
 def slice_dir(job: Job) -> Path:
@@ -86,12 +96,12 @@ def test_outside_stops_and_sigterms_at_random_instants(job: Job) -> None:
             os.kill(job.box.inner_pid(proc), signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         ends.append((i, proc.returncode, err.strip().splitlines()[-1:]))
-        assert proc.returncode == 143, ends
+        assert proc.returncode == 143, failing_first(ends, err)
         assert "Interrupted system call" not in err and "internal error" not in err, err
         final = record(job)
-        assert final["status"] == 143, ends
+        assert final["status"] == 143, failing_first(ends, json.dumps(final))
         if i % 2 == 0:  # (what an outside stop is called: issue 13, item 5)
-            assert final["cause"] == "interrupted", ends
+            assert final["cause"] == "interrupted", failing_first(ends, json.dumps(final))
         assert_clean(job)
 
 
@@ -109,7 +119,7 @@ def test_outside_stops_early_in_start_up_never_hang_the_watcher(job: Job) -> Non
         ends.append((i, proc.returncode, err.strip().splitlines()[-1:]))
         # Never killed by its scope's stop timeout. (Other outcomes of a stop this early,
         # 71 "start job ended 'canceled'", are issue 13 item 5's: printed, not asserted.)
-        assert proc.returncode != -signal.SIGKILL, (ends, err)
+        assert proc.returncode != -signal.SIGKILL, failing_first(ends, err)
         assert_clean(job)
     print("outside stops early in start-up:", [e for e in ends if e[1] != 143])
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from bench.soak.plan import FAULTS, Fault
 from tests.integration.jobs import REPO, SHARED
+
+pytestmark = pytest.mark.integration
 
 SEED = 1  # draws every kind below at least twice in 40 jobs (asserted: at least once)
 JOBS = 40

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -57,18 +58,34 @@ def test_interrupt_after_imports_is_a_keyboard_interrupt_again() -> None:
 
 
 def test_a_reader_that_goes_away_is_quiet(tmp_path: Path) -> None:
-    """`gpulaunch render ... | head -1`: no 'internal error', the status of a SIGPIPE."""
+    """`gpulaunch render ... | head -1`: no 'internal error', the status of a SIGPIPE.
+
+    The pipe is shrunk to one page, so that most of the output is still unwritten when
+    the reader goes away: the broken pipe is certain, not a matter of timing.
+    """
     (tmp_path / "train.py").write_text("print('training')\n")
-    proc = subprocess.Popen(
-        [GPULAUNCH, "render", "--nproc", "64", "--job", "pipe", "train.py"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    assert proc.stdout.readline().startswith("# gpulaunch-pipe")
-    proc.stdout.close()  # the reader is gone: the rest of the 64 units' text cannot be written
+    read_end, write_end = os.pipe()
+    size = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    try:
+        proc = subprocess.Popen(
+            [GPULAUNCH, "render", "--nproc", "64", "--job", "pipe", "train.py"],
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr is not None
+    first = b""
+    while b"\n" not in first:  # unbuffered: take no more than the first line and a bit
+        chunk = os.read(read_end, 64)
+        assert chunk, proc.communicate()
+        first += chunk
+    assert first.startswith(b"# gpulaunch-pipe")
+    os.close(read_end)  # the reader is gone: the rest of the 64 units' text cannot be written
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141, err
     assert "internal error" not in err and "Traceback" not in err, err
+    # Certain: render writes ~48 KiB, far more than the page the pipe held and what was read.
+    assert size + len(first) < 40000
