@@ -4,7 +4,10 @@ The excerpt goes into the report, the journal record (`GPULAUNCH_CAUSE_ERROR`)
 and `gpulaunch status`, so it must stay small whatever the rank wrote: a line
 keeps its start and its end with a note of how many bytes were cut between
 them, and the whole excerpt keeps its last lines (a traceback's last lines say
-what happened) with a note of how many earlier lines were cut.
+what happened) with a note of how many earlier lines were cut. A line redrawn
+with carriage returns (a tqdm bar) is kept in its final state only, as a
+terminal shows it: its redraws would fill the excerpt (and `splitlines()` would
+make a line of each).
 """
 
 from __future__ import annotations
@@ -21,6 +24,17 @@ def _boundary(data: bytes, i: int) -> int:
         if 0 < i < len(data) and data[i] & 0xC0 == 0x80:
             i -= 1
     return i
+
+
+def final_state(line: bytes) -> bytes:
+    """What a terminal finally shows of a line redrawn with carriage returns (tqdm).
+
+    The text after the last `\r`; a `\r` that ends the line (CRLF, a bar's last
+    redraw) draws nothing over it.
+    """
+    if b"\r" not in line:
+        return line
+    return line.rstrip(b"\r").rsplit(b"\r", 1)[-1]
 
 
 def clip_line(line: bytes, missing: int = 0) -> bytes:
@@ -54,4 +68,5 @@ def excerpt(clipped: Sequence[bytes]) -> str:
 
 def text_excerpt(text: str) -> str:
     """`excerpt` of a text (a traceback read from a file)."""
-    return excerpt([clip_line(line) for line in text.encode("utf-8", "replace").split(b"\n")])
+    lines = text.encode("utf-8", "replace").split(b"\n")
+    return excerpt([clip_line(final_state(line)) for line in lines])

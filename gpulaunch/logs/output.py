@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpulaunch.errors import UsageError
-from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt
+from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt, final_state
 from gpulaunch.model import LogFileGap
 from gpulaunch.numberlist import parse_number_list
 
@@ -145,17 +145,23 @@ class _LineBuffer:
     long_dropped: int = 0
 
     def remember(self, lines: list[bytes]) -> None:
-        """The last lines of a chunk (the first may end a long line), clipped for the tail."""
-        tail = [clip_line(line) for line in lines[-TAIL_LINES:]]
+        """The last lines of a chunk (the first may end a long line), clipped for the tail.
+
+        Each in its final state (`final_state`): a progress bar's redraws are not lines.
+        """
+        tail = [clip_line(final_state(line)) for line in lines[-TAIL_LINES:]]
         if self.long_start:
-            if len(lines) <= TAIL_LINES:
+            if len(lines) <= TAIL_LINES and b"\r" not in lines[0].rstrip(b"\r"):
                 whole = self.long_start + self.long_end + lines[0]
-                tail[0] = clip_line(whole, self.long_dropped)
+                tail[0] = clip_line(final_state(whole), self.long_dropped)
             self.long_start, self.long_end, self.long_dropped = b"", b"", 0
         self.tail.extend(tail)
 
     def piece(self, piece: bytes) -> None:
         """A piece of a line too long to hold, shown on its own."""
+        if b"\r" in piece:  # the line is drawn again from its start: what came before is gone
+            piece = piece.rsplit(b"\r", 1)[-1]
+            self.long_start, self.long_end, self.long_dropped = b"", b"", 0
         if not self.long_start:
             self.long_start, piece = piece[:LINE_KEEP], piece[LINE_KEEP:]
         end = self.long_end + piece
@@ -379,8 +385,7 @@ class Output:
         prefix = self._prefix(rank)
         text = (b"\n" + prefix).join(lines)
         if b"\r" in text:
-            # What a terminal would finally show of a line redrawn with carriage returns.
-            lines = [line.rstrip(b"\r").rsplit(b"\r", 1)[-1] for line in lines]
+            lines = [final_state(line) for line in lines]
             text = (b"\n" + prefix).join(lines)
         term = self._terminal(stream)
         on_screen = term.is_tty and bool(self._drawn or self._bars)

@@ -115,3 +115,41 @@ def test_error_file_with_lone_surrogates(tmp_path: Path) -> None:
     path = tmp_path / "error.json"
     path.write_text('{"message": "bad \\ud800 surrogate"}')
     assert read_error_file(path) == "bad ? surrogate"
+
+
+def tqdm_epoch(epoch: int, steps: int = 50) -> list[bytes]:
+    """What tqdm writes for one epoch's bar (leave=True): a redraw per step, then a newline."""
+    bar = [b"\rEpoch %d: %3d%%|%-10s| %d/%d" % (epoch, s * 2, b"#" * (s // 5), s, steps)
+           for s in range(steps + 1)]  # fmt: skip
+    return [*bar, b"\n"]
+
+
+def test_a_progress_bar_is_kept_in_its_final_state_only() -> None:
+    """Issue 22, item 16: tqdm's redraws filled the excerpt (20 of 27 lines) and the report."""
+    o, _, _ = make()
+    for epoch in range(3):
+        for chunk in tqdm_epoch(epoch):
+            o.data(0, Stream.STDERR, chunk)
+    o.data(0, Stream.STDERR, b"\rEpoch 3:  40%|####      | 20/50")  # the bar the failure cut
+    o.data(0, Stream.STDERR, b"Traceback (most recent call last):\nValueError: boom\n")
+    tail = o.stderr_tail(0)
+    assert "\r" not in tail
+    assert tail.split("\n") == [
+        "Epoch 0: 100%|##########| 50/50",
+        "Epoch 1: 100%|##########| 50/50",
+        "Epoch 2: 100%|##########| 50/50",
+        "Epoch 3:  40%|####      | 20/50Traceback (most recent call last):",
+        "ValueError: boom",
+    ]
+
+
+def test_a_huge_progress_line_keeps_its_last_drawing() -> None:
+    """A bar redrawn in one line longer than MAX_LINE: the excerpt keeps its last drawing."""
+    o, _, _ = make()
+    o.data(0, Stream.STDERR, b"\rstep" * (MAX_LINE // 4))  # pieces of a line being redrawn
+    o.data(0, Stream.STDERR, b"\rdone: 100%\nboom\n")
+    assert o.stderr_tail(0) == "done: 100%\nboom"
+
+
+def test_a_traceback_file_with_carriage_returns() -> None:
+    assert text_excerpt("a\r\nb 10%\rb 100%\nc") == "a\nb 100%\nc"
