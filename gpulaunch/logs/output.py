@@ -23,7 +23,7 @@ import re
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -218,6 +218,32 @@ class Output:
         if self.options.ranks is not None:
             shown = frozenset(first_rank + r for r in self.options.ranks)
             self.options = replace(self.options, ranks=shown)
+
+    def rank_columns(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """`COLUMNS` for a rank: the width its lines really have, the terminal's less the prefix.
+
+        A rank's stdout is a pipe, so Rich (Lightning's model summary) and tqdm take
+        their width from stdin's terminal or `COLUMNS`; at the terminal's full width
+        the `[N] ` prefix wraps every line (double-spaced tables). The width is the
+        user's `COLUMNS` if set, else that of the first terminal among our stdout,
+        stderr and stdin (as Rich looks); nothing is set when there is none.
+        """
+        given = environ.get("COLUMNS", "")
+        if given.isdigit() and int(given) > 0:
+            columns = int(given)
+        else:
+            columns = 0
+            for fd in (self.stdout.fd, self.stderr.fd, 0):
+                try:
+                    columns = os.get_terminal_size(fd).columns
+                except OSError:
+                    continue
+                if columns:
+                    break
+        if not columns:
+            return {}
+        prefix = self._width + 3  # "[N] "
+        return {"COLUMNS": str(max(columns - prefix, 1))}
 
     # -- wiring -------------------------------------------------------------
 

@@ -282,6 +282,7 @@ class Watcher(EventLoop):
         if self._written is not None:
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
+        env.update(self.output.rank_columns(env))
         try:
             death = self.supervisor.parent_death_signal
             rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w}, death)

@@ -240,3 +240,19 @@ def test_several_ranks_progress_bars_on_a_pty() -> None:
     o.close()
     os.close(slave)
     os.close(master)
+
+
+def test_ranks_get_the_terminals_width_less_the_prefix() -> None:
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    term = Terminal(slave)
+    o = Output(OutputOptions(), 12, term, term)  # prefix "[NN] ": 5 columns
+    assert o.rank_columns({}) == {"COLUMNS": "95"}
+    assert o.rank_columns({"COLUMNS": "200"}) == {"COLUMNS": "195"}  # the user's width
+    o.close()
+    os.close(master)
+
+
+def test_the_users_columns_off_a_terminal() -> None:
+    o, _, _ = make()
+    assert o.rank_columns({"COLUMNS": "80"}) == {"COLUMNS": "76"}
