@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 import time
-
-from rich.console import Console, RenderableType
-from rich.live import Live
 
 from gpulaunch.errors import UnknownJobError
 from gpulaunch.jobapi.client import JobClient, run
@@ -46,7 +45,7 @@ class Top:
         view = await self.client.find(self.job)
         return [view] if view is not None else []
 
-    async def look(self) -> RenderableType:
+    async def look(self) -> str:
         views = await self.views()
         if self.job is not None and (not views or views[0].state.ended):
             self.ended = True
@@ -62,7 +61,10 @@ class Top:
         return render(jobs, footer)
 
 
-async def _top(client: JobClient, args: argparse.Namespace, console: Console) -> int:
+HOME_AND_CLEAR = "\x1b[H\x1b[J"  # cursor to the top left, clear to the end: a redraw, as top's
+
+
+async def _top(client: JobClient, args: argparse.Namespace) -> int:
     if args.job is not None and await client.find(args.job) is None:
         raise UnknownJobError(
             f"no job {args.job!r} is running on {bus_title(client.manager)}",
@@ -73,24 +75,24 @@ async def _top(client: JobClient, args: argparse.Namespace, console: Console) ->
     top = Top(client, args.job, Sampler(gpus))
     try:
         await top.look()  # the first look: CPU % needs two
-        if args.once or not console.is_terminal:
+        if args.once or not os.isatty(sys.stdout.fileno()):
             await asyncio.sleep(args.interval)
-            console.print(await top.look())
+            print(await top.look())
             return 0
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            while True:
-                await asyncio.sleep(args.interval)
-                live.update(await top.look(), refresh=True)
-                if top.ended:
-                    return 0
+        while True:
+            await asyncio.sleep(args.interval)
+            text = await top.look()
+            sys.stdout.write(HOME_AND_CLEAR + text + "\n")
+            sys.stdout.flush()
+            if top.ended:
+                return 0
     finally:
         if isinstance(gpus, Gpus):
             gpus.close()
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    console = Console(highlight=False)
     try:
-        return run(args.manager, lambda client: _top(client, args, console))
+        return run(args.manager, lambda client: _top(client, args))
     except KeyboardInterrupt:
         return 0

@@ -1,17 +1,18 @@
-"""The resources table: `gpulaunch top` (live, redrawn in place by rich) and
+"""The resources table: `gpulaunch top` (live, redrawn in place) and
 `gpulaunch status JOB --resources` (printed once).
 
 A column this machine cannot fill (no memory controller, no NVML) is left out
 and one line under the table says why, instead of a column of zeros.
+
+Plain text, no table library: gpulaunch once drew this with `rich`, and a
+dependency installed into the user's environment changed the user's program
+(Lightning picks its Rich progress bar over tqdm when `rich` can be imported;
+issue 22, item 16).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
 
 from gpulaunch.model import format_bytes, format_duration
 from gpulaunch.resources.sample import COLUMNS, JobSample, RankSample
@@ -72,31 +73,37 @@ def notes(sample: JobSample) -> list[str]:
     return lines
 
 
-def table(title: str, sample: JobSample) -> Table:
+def table(title: str, sample: JobSample) -> list[str]:
+    """The title, a header, a row per rank and the total; numbers aligned right."""
     columns = _columns(sample)
-    out = Table(title=title, title_justify="left", box=None, pad_edge=False)
-    for _, header, _cell in columns:
-        out.add_column(header, justify="left" if header in ("rank", "state") else "right")
-    for r in sample.ranks:
-        out.add_row(*(cell(r) for _, _, cell in columns))
-    out.add_row(*(cell(sample.total) for _, _, cell in columns), style="bold")
-    return out
+    rows = [[header for _, header, _cell in columns]]
+    rows += [[cell(r) for _, _, cell in columns] for r in [*sample.ranks, sample.total]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    left = {i for i, (_, header, _cell) in enumerate(columns) if header in ("rank", "state")}
+    lines = [title] if title else []
+    for row in rows:
+        cells = [
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
 
 
-def render(jobs: Sequence[tuple[str, JobSample]], footer: str = "") -> RenderableType:
+def render(jobs: Sequence[tuple[str, JobSample]], footer: str = "") -> str:
     """Every job's table, then the notes (once, for all of them)."""
-    parts: list[RenderableType] = [table(title, sample) for title, sample in jobs]
+    lines: list[str] = []
+    for title, sample in jobs:
+        lines += table(title, sample)
     seen: list[str] = []
     for _, sample in jobs:
         seen += [n for n in notes(sample) if n not in seen]
-    parts += [Text(n, style="dim") for n in seen]
+    lines += seen
     if footer:
-        parts.append(Text(footer, style="dim"))
-    return Group(*parts)
+        lines.append(footer)
+    return "\n".join(lines)
 
 
 def print_table(sample: JobSample, title: str = "") -> None:
     """The table once, on stdout (`gpulaunch status --resources`)."""
-    from rich.console import Console
-
-    Console(highlight=False).print(render([(title, sample)]))
+    print(render([(title, sample)]))

@@ -239,3 +239,20 @@ def test_a_pip_installed_gpulaunch_from_first_job_to_doctor(box: Box, dist: Path
     assert sorted(completed) == ["stacks", "start", "status", "stop"], completed
     options = run(box, *complete, "gpulaunch", "start", "--nproc-per").stdout.split()
     assert options == ["--nproc-per-node"], options
+
+
+def test_installing_gpulaunch_leaves_lightning_on_tqdm(box: Box) -> None:
+    """Issue 22, item 16: Lightning's default progress bar and model summary are Rich's when
+    `rich` can be imported (lightning/pytorch/trainer/connectors/callback_connector.py), so
+    a dependency on rich changed the user's training output. A fresh install has none."""
+    installed = json.loads(run(box, f"{VENV}/bin/pip", "list", "--format", "json").stdout)
+    names = {p["name"].lower() for p in installed}
+    assert "gpulaunch" in names and "rich" not in names, names
+    found = run(
+        box, f"{VENV}/bin/python", "-c", "import importlib.util as u; print(u.find_spec('rich'))"
+    )
+    assert found.stdout.strip() == "None"
+    # ...and what needed it, the resources table, works without it.
+    top = run(box, GL, "top", "--once", "--interval", "0.1", check=False)
+    assert top.returncode == 0, top.stderr
+    assert "no jobs on" in top.stdout, top.stdout
