@@ -60,13 +60,13 @@ def _add_job_commands(sub: Any) -> None:
         metavar="N",
         help="with --all: how many ended jobs at most (default: 20)",
     )
-    add_manager_options(p)
+    add_manager_options(p, user_of=True)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     p.set_defaults(func=_command("jobapi.commands", "cmd_list"))
 
     p = sub.add_parser("status", help="a job's ranks and states, or its final report")
     p.add_argument("job", metavar="JOB")
-    add_manager_options(p)
+    add_manager_options(p, user_of=True)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     p.add_argument(
         "--resources",
@@ -87,7 +87,7 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument(
         "--once", action="store_true", help="print one table and exit (so does a non-terminal)"
     )
-    add_manager_options(p)
+    add_manager_options(p, user_of=True)
     p.set_defaults(func=_command("resources.top", "cmd_top"))
 
     p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
@@ -95,12 +95,12 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument(
         "--no-block", action="store_true", help="return once the stop was accepted, do not wait"
     )
-    add_manager_options(p)
+    add_manager_options(p, user_of=True)
     p.set_defaults(func=_command("jobapi.commands", "cmd_stop"))
 
     p = sub.add_parser("wait", help="wait until a job ends; exit with its status")
     p.add_argument("job", metavar="JOB")
-    add_manager_options(p)
+    add_manager_options(p, user_of=True)
     p.set_defaults(func=_command("jobapi.commands", "cmd_wait"))
 
     p = sub.add_parser(
@@ -109,7 +109,7 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument("job", metavar="JOB")
     p.add_argument("signal", type=_notice, metavar="SIG", help="USR1 or USR2 (SIGUSR1, 10, ...)")
     p.add_argument("--rank", type=int, metavar="N", help="only this (global) rank")
-    add_manager_options(p)
+    add_manager_options(p, user_of=True)
     p.set_defaults(func=_command("jobapi.commands", "cmd_signal"))
 
     p = sub.add_parser("logs", help="show a job's rank output from the journal")
@@ -277,6 +277,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         args.argv = list(sys.argv[1:] if argv is None else argv)
         if "manager" in args:  # --system/--user, or the default for who runs it
             args.manager = default_manager(args.manager)
+        if getattr(args, "user_of", None) is not None:  # root, about a user's jobs
+            from gpulaunch.jobapi import whose
+            from gpulaunch.model import Manager
+
+            whose.act_for(whose.resolve(args.user_of))
+            args.manager = Manager.USER
         code = int(args.func(args))
     except KeyboardInterrupt:  # Ctrl-C outside the watcher's loop: quietly, the shell's 130
         code = 130

@@ -21,8 +21,13 @@ from gpulaunch.plan.topology import CpuBind
 from gpulaunch.units.templates import units_dir_problem
 
 
-def add_manager_options(p: argparse.ArgumentParser, what: str = "jobs") -> None:
-    """`--system` / `--user`: which systemd manager (and bus) the command is about."""
+def add_manager_options(
+    p: argparse.ArgumentParser, what: str = "jobs", user_of: bool = False
+) -> None:
+    """`--system` / `--user`: which systemd manager (and bus) the command is about.
+
+    `user_of`: also `--user-of USER`, root's way to an ordinary user's jobs (jobapi/whose.py).
+    """
     group = p.add_mutually_exclusive_group()
     group.add_argument(
         "--system",
@@ -38,6 +43,13 @@ def add_manager_options(p: argparse.ArgumentParser, what: str = "jobs") -> None:
         const=Manager.USER,
         help=f"{what} of your user manager (session bus; default for other users)",
     )
+    if user_of:
+        group.add_argument(
+            "--user-of",
+            metavar="USER",
+            help=f"root: {what} of USER's user manager (their session bus and records), "
+            "as systemctl --user -M USER@",
+        )
 
 
 def default_manager(asked: Manager | None) -> Manager:

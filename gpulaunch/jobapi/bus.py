@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+from contextlib import nullcontext
 
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
+from dbus_fast.auth import AuthExternal
 from dbus_fast.errors import AuthError, InvalidAddressError
 
 from gpulaunch.errors import NoSystemdError
+from gpulaunch.jobapi import whose
 from gpulaunch.jobapi.view import bus_title
 from gpulaunch.model import Manager
 
@@ -29,6 +32,9 @@ def bus_address(manager: Manager) -> str:
     """The bus a job of this manager lives on, found as sd-bus finds it."""
     if manager is Manager.SYSTEM:
         return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket"
+    other = whose.other()
+    if other is not None:  # root, --user-of: that user's bus, never root's own variables
+        return other.bus_address
     address = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
     if address:
         return address
@@ -39,13 +45,25 @@ def bus_address(manager: Manager) -> str:
 async def connect(manager: Manager) -> MessageBus:
     """Connect to the job's bus, or raise NoSystemdError naming it."""
     address = bus_address(manager)
+    other = whose.other() if manager is Manager.USER else None
     try:
-        bus = MessageBus(bus_address=address, bus_type=BusType.SYSTEM, auth_timeout=CONNECT_TIMEOUT)
-        return await asyncio.wait_for(bus.connect(), CONNECT_TIMEOUT)
+        bus = MessageBus(
+            bus_address=address,
+            bus_type=BusType.SYSTEM,
+            auth=AuthExternal(other.uid) if other is not None else None,
+            auth_timeout=CONNECT_TIMEOUT,
+        )
+        with whose.connecting_as(other) if other is not None else nullcontext():
+            return await asyncio.wait_for(bus.connect(), CONNECT_TIMEOUT)
     except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         if manager is Manager.SYSTEM:
             hint = "is dbus running? gpulaunch needs the system bus that systemd uses"
+        elif other is not None:
+            hint = (
+                f"{other.name}'s user manager is not running (not logged in, no linger); "
+                f"their jobs that ended: gpulaunch status --user-of {other.name} JOB"
+            )
         else:
             hint = (
                 "log in through a session that starts user@$UID.service (it runs the "

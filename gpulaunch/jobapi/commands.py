@@ -26,7 +26,7 @@ from gpulaunch.errors import (
     UnavailableError,
     UsageError,
 )
-from gpulaunch.jobapi import filerecord, record
+from gpulaunch.jobapi import filerecord, record, whose
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.report import count, format_report, format_table, nodes_line
@@ -70,7 +70,9 @@ def _record(job: str, manager: Manager) -> JobView | None:
         found = record.find(job, manager)
     except UnavailableError:  # no journalctl here
         found = None
-    return found or filerecord.find(job)
+    if found is None and whose.other() is None:  # root's own record files only, never a user's
+        found = filerecord.find(job)
+    return found
 
 
 def _lost(job: str) -> JobLostError:
@@ -176,8 +178,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
             outcome = _with_client(manager, lambda c: c.wait(args.job))
         except NoSystemdError:
             pass
-        if outcome is None or (
-            outcome.final is None and not outcome.running
+        if whose.other() is None and (
+            outcome is None or (outcome.final is None and not outcome.running)
         ):  # not on a bus: a direct job's record file may know it
             found = filerecord.wait(args.job)
             if found is not None and not found.state.ended:
@@ -242,6 +244,8 @@ def cmd_signal(args: argparse.Namespace) -> int:
         sent = _with_client(manager, lambda c: c.signal(args.job, signum, rank))
     except NoSystemdError:
         sent = None
+    if sent is None and whose.other() is not None:
+        raise record.unknown_job(args.job, manager)
     if sent is None:  # not on a bus: a direct job's watcher passes a notice on to every rank
         found = filerecord.find(args.job)
         if found is None or found.state.ended:

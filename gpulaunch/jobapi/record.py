@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import pwd
 import socket
 import struct
 import subprocess
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpulaunch.errors import UnavailableError, UnknownJobError
+from gpulaunch.jobapi import whose
 from gpulaunch.jobapi.view import (
     JobState,
     JobView,
@@ -37,6 +39,7 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause, JobProgress, JobReport, Manager, RankProgress
 from gpulaunch.report import headline
+from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
     import asyncio
@@ -221,7 +224,11 @@ def _matches(manager: Manager, job: str | None) -> list[str]:
 
     System jobs are root's (`_UID=0`: nobody else can forge one); user jobs the caller's own.
     """
-    uid = 0 if manager is Manager.SYSTEM else os.getuid()
+    other = whose.other()
+    if manager is Manager.SYSTEM:
+        uid = 0
+    else:  # root, --user-of: that user's records (root reads every journal file)
+        uid = other.uid if other is not None else os.getuid()
     out = [f"MESSAGE_ID={MESSAGE_ID}", f"{_PREFIX}MANAGER={manager.value}", f"_UID={uid}"]
     if job is not None:
         out.append(f"{_PREFIX}JOB={job}")
@@ -266,7 +273,33 @@ def recent(manager: Manager, limit: int) -> list[JobView]:
 
 
 def unknown_job(job: str, manager: Manager) -> UnknownJobError:
-    return UnknownJobError(
-        f"no job {job!r} is running on {bus_title(manager)}, and the journal has no record of it",
-        "see 'gpulaunch list --all'; --system or --user choose whose jobs",
+    message = (
+        f"no job {job!r} is running on {bus_title(manager)}, and the journal has no record of it"
     )
+    hint = "see 'gpulaunch list --all'; --system or --user choose whose jobs"
+    if os.geteuid() == 0 and whose.other() is None:
+        found = whose.user_of_hint(users_with(job))
+        if found is not None:  # root asked about an ordinary user's job: say how to reach it
+            return UnknownJobError(message, f"it is a user's job: add {found}")
+        hint += ", --user-of USER an ordinary user's (root)"
+    return UnknownJobError(message, hint)
+
+
+def users_with(job: str) -> list[str]:
+    """The ordinary users who run a job of this id (cgroupfs), else whose record it has."""
+    running = whose.owners_of(UnitNames.for_job(job).job_slice)
+    if running:
+        return running
+    try:
+        views = query(
+            [f"MESSAGE_ID={MESSAGE_ID}", f"{_PREFIX}MANAGER=user", f"{_PREFIX}JOB={job}"], 1
+        )
+    except UnavailableError:
+        return []
+    names = []
+    for view in views:
+        try:
+            names.append(pwd.getpwuid(view.owner).pw_name)
+        except KeyError:
+            names.append(str(view.owner))
+    return names

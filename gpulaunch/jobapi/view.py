@@ -85,6 +85,11 @@ def is_job_name(name: str) -> bool:
 
 def bus_title(manager: Manager) -> str:
     """Where a job of this manager is published, in words."""
+    from gpulaunch.jobapi import whose
+
+    other = whose.other()
+    if manager is Manager.USER and other is not None:
+        return f"{other.name}'s session bus"
     return "the system bus" if manager is Manager.SYSTEM else "your session bus"
 
 
