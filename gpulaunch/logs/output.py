@@ -23,7 +23,7 @@ import re
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -145,10 +145,7 @@ class _LineBuffer:
     long_dropped: int = 0
 
     def remember(self, lines: list[bytes]) -> None:
-        """The last lines of a chunk (the first may end a long line), clipped for the tail.
-
-        Each in its final state (`final_state`): a progress bar's redraws are not lines.
-        """
+        """The last lines of a chunk (the first may end a long line), final and clipped."""
         tail = [clip_line(final_state(line)) for line in lines[-TAIL_LINES:]]
         if self.long_start:
             if len(lines) <= TAIL_LINES and b"\r" not in lines[0].rstrip(b"\r"):
@@ -159,9 +156,8 @@ class _LineBuffer:
 
     def piece(self, piece: bytes) -> None:
         """A piece of a line too long to hold, shown on its own."""
-        if b"\r" in piece:  # the line is drawn again from its start: what came before is gone
-            piece = piece.rsplit(b"\r", 1)[-1]
-            self.long_start, self.long_end, self.long_dropped = b"", b"", 0
+        if (cr := piece.rfind(b"\r")) >= 0:  # drawn again from its start: the rest is gone
+            self.long_start, self.long_end, self.long_dropped, piece = b"", b"", 0, piece[cr + 1 :]
         if not self.long_start:
             self.long_start, piece = piece[:LINE_KEEP], piece[LINE_KEEP:]
         end = self.long_end + piece
@@ -218,32 +214,6 @@ class Output:
         if self.options.ranks is not None:
             shown = frozenset(first_rank + r for r in self.options.ranks)
             self.options = replace(self.options, ranks=shown)
-
-    def rank_columns(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """`COLUMNS` for a rank: the width its lines really have, the terminal's less the prefix.
-
-        A rank's stdout is a pipe, so Rich (Lightning's model summary) and tqdm take
-        their width from stdin's terminal or `COLUMNS`; at the terminal's full width
-        the `[N] ` prefix wraps every line (double-spaced tables). The width is the
-        user's `COLUMNS` if set, else that of the first terminal among our stdout,
-        stderr and stdin (as Rich looks); nothing is set when there is none.
-        """
-        given = environ.get("COLUMNS", "")
-        if given.isdigit() and int(given) > 0:
-            columns = int(given)
-        else:
-            columns = 0
-            for fd in (self.stdout.fd, self.stderr.fd, 0):
-                try:
-                    columns = os.get_terminal_size(fd).columns
-                except OSError:
-                    continue
-                if columns:
-                    break
-        if not columns:
-            return {}
-        prefix = self._width + 3  # "[N] "
-        return {"COLUMNS": str(max(columns - prefix, 1))}
 
     # -- wiring -------------------------------------------------------------
 
@@ -411,8 +381,7 @@ class Output:
         prefix = self._prefix(rank)
         text = (b"\n" + prefix).join(lines)
         if b"\r" in text:
-            lines = [final_state(line) for line in lines]
-            text = (b"\n" + prefix).join(lines)
+            text = (b"\n" + prefix).join(final_state(line) for line in lines)
         term = self._terminal(stream)
         on_screen = term.is_tty and bool(self._drawn or self._bars)
         if on_screen:

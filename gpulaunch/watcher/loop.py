@@ -20,6 +20,7 @@ from pathlib import Path
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
 from gpulaunch.logs.pump import IGNORED_SIGNALS, JOURNAL_MISSED, JournalTarget, run_pump
+from gpulaunch.logs.width import rank_columns
 from gpulaunch.model import (
     Cause,
     JobProgress,
@@ -282,7 +283,8 @@ class Watcher(EventLoop):
         if self._written is not None:
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
-        env.update(self.output.rank_columns(env))
+        out = self.output
+        env.update(rank_columns(env, (out.stdout.fd, out.stderr.fd, 0), self.spec.world_size))
         try:
             death = self.supervisor.parent_death_signal
             rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w}, death)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.logs.output import Output, OutputOptions, Stream, Terminal, parse_ranks
+from gpulaunch.logs.width import rank_columns
 
 
 class Screen:
@@ -247,12 +248,15 @@ def test_ranks_get_the_terminals_width_less_the_prefix() -> None:
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     term = Terminal(slave)
     o = Output(OutputOptions(), 12, term, term)  # prefix "[NN] ": 5 columns
-    assert o.rank_columns({}) == {"COLUMNS": "95"}
-    assert o.rank_columns({"COLUMNS": "200"}) == {"COLUMNS": "195"}  # the user's width
+    fds = (term.fd, term.fd, 0)
+    assert rank_columns({}, fds, 12) == {"COLUMNS": "95"}
+    assert rank_columns({"COLUMNS": "200"}, fds, 12) == {"COLUMNS": "195"}  # the user's
     o.close()
     os.close(master)
 
 
 def test_the_users_columns_off_a_terminal() -> None:
-    o, _, _ = make()
-    assert o.rank_columns({"COLUMNS": "80"}) == {"COLUMNS": "76"}
+    _, out, err = make()
+    assert rank_columns({}, (out.fd, err.fd), 4) == {}  # files: no terminal
+    assert rank_columns({"COLUMNS": "80"}, (out.fd, err.fd), 4) == {"COLUMNS": "76"}
+    assert rank_columns({"COLUMNS": "80"}, (), 1000) == {"COLUMNS": "74"}  # "[999] "
