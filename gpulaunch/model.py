@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from gpulaunch.multinode.protocol import Layout, NodeConfig, NodeFailure
 from gpulaunch.units.names import UnitNames
@@ -273,13 +273,20 @@ HUNG_STATUS = 124  # like timeout(1)
 class LogDrop:
     """journald kept fewer of a rank's lines than the rank wrote.
 
-    Its rate limit, or (`unreachable`) it was away for a while (stopped, restarted).
+    Its rate limit (`rate_limited`: the rank wrote more than the burst), or
+    (`unreachable`) it was away for a while (stopped, restarted), or neither: it
+    received them and did not store or keep them (its storage full or over
+    `SystemMaxUse=`/`RuntimeMaxUse=`). Counted for every rank, whatever the cause.
     """
 
     rank: int
     written: int
     stored: int
     unreachable: bool = False
+    rate_limited: bool = True
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,14 @@ def format_report(report: JobReport) -> str:
                 f"stopped or restarted); {kept} all of them"
             )
             continue
+        if not drop.rate_limited:
+            lines.append(
+                f"gpulaunch: warning: journald did not keep {drop.written - drop.stored} of rank "
+                f"{drop.rank}'s {drop.written} lines (not its rate limit: its storage was full "
+                f"or over SystemMaxUse=/RuntimeMaxUse=; see journalctl -u systemd-journald); "
+                f"{kept} all of them"
+            )
+            continue
         lines.append(
             f"gpulaunch: warning: journald dropped {drop.written - drop.stored} of rank "
             f"{drop.rank}'s {drop.written} lines (its per-unit rate limit); {kept} all of them. "

@@ -21,7 +21,7 @@ from gpulaunch.errors import NoSystemdError
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
-from gpulaunch.model import JobSpec, Manager, SupervisorKind
+from gpulaunch.model import JobReport, JobSpec, Manager, SupervisorKind
 from gpulaunch.multinode.protocol import Layout
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
@@ -159,6 +159,17 @@ def start(
                 last_output=output.last_line_at, signal_ranks=signal_ranks, optional=direct
             ),
         )
+        started = time.time()
+
+        def finish(report: JobReport) -> JobReport:
+            """What the output knows at the end, in the report and so in the record."""
+            report = replace(report, log_file_gaps=output.log_file_gaps)
+            if journal_problem is None:
+                missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
+                drops = journal_drops(spec, output, missed, started)
+                report = replace(report, log_drops=drops)
+            return report
+
         watcher = Watcher(
             spec,
             chosen.supervisor,
@@ -169,15 +180,12 @@ def start(
             journal=journal_problem is None,
             peer=peer,
             hang=hang,
+            finish=finish,
         )
         try:
             report = watcher.run()
         finally:
             ignore_interrupts()  # the end is decided: its status is the exit status
-    report = replace(report, log_file_gaps=output.log_file_gaps)
-    if journal_problem is None:
-        missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
-        report = replace(report, log_drops=journal_drops(spec, output, missed))
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
 
@@ -208,24 +216,29 @@ def _where(spec: JobSpec, where: str) -> str:
 
 
 def journal_drops(
-    spec: JobSpec, output: Output, missed: frozenset[int] = frozenset()
+    spec: JobSpec, output: Output, missed: frozenset[int] = frozenset(), since: float = 0.0
 ) -> tuple[LogDrop, ...]:
     """Ranks of which journald kept fewer lines than they wrote.
 
-    Its rate limit, or it was away for a while: the pumps of the ranks in
-    `missed` could not hand it every line.
+    Its rate limit, or it was away for a while (the pumps of the ranks in
+    `missed` could not hand it every line), or it did not store them.
+    Every rank that wrote a line is counted (never a silent loss: with the rate
+    limit lifted, journald can still fail to store or keep lines); only the lines
+    since `since` (time.time() at the job's start), so that an earlier job of the
+    same id does not count.
     """
     burst = rate_limit_burst()
     drops = []
     synced = False
     for rank in spec.ranks:
         written = output.lines(rank.rank)
-        if (burst is None or written <= burst) and rank.rank not in missed:
-            continue  # the limit cannot have been reached
+        if not written:
+            continue
         if not synced:
             journal_sync(spec.manager)
             synced = True
-        stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}")
+        stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}", since)
         if stored < written:
-            drops.append(LogDrop(rank.rank, written, stored, unreachable=rank.rank in missed))
+            limited = burst is not None and written > burst
+            drops.append(LogDrop(rank.rank, written, stored, rank.rank in missed, limited))
     return tuple(drops)

@@ -37,7 +37,7 @@ from gpulaunch.jobapi.view import (
     node_wire,
     ranks_json,
 )
-from gpulaunch.model import Cause, JobProgress, JobReport, Manager, RankProgress
+from gpulaunch.model import Cause, JobProgress, JobReport, LogDrop, Manager, RankProgress
 from gpulaunch.report import headline
 from gpulaunch.units.names import UnitNames
 
@@ -88,6 +88,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "ERROR", view.error))
     if view.restarts:
         out.append((_PREFIX + "RESTARTS", str(view.restarts)))
+    if view.log_drops:  # lines the journal lacks, per rank (so: not in this record's logs)
+        out.append((_PREFIX + "LOG_DROPS", json.dumps([d.to_dict() for d in view.log_drops])))
     if view.cause_error:
         out.append((_PREFIX + "CAUSE_ERROR", view.cause_error))
         out.append((_PREFIX + "CAUSE_ERROR_SOURCE", view.cause_error_source))
@@ -213,6 +215,9 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             cause_host=_text(entry.get(_PREFIX + "CAUSE_HOST")),
             cause_what=_text(entry.get(_PREFIX + "CAUSE_WHAT")),
             interrupted_by=_text(entry.get(_PREFIX + "INTERRUPTED_BY")),
+            log_drops=tuple(
+                LogDrop(**d) for d in json.loads(_text(entry.get(_PREFIX + "LOG_DROPS")) or "[]")
+            ),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -25,6 +25,7 @@ from gpulaunch.model import (
     Cause,
     JobProgress,
     JobReport,
+    LogDrop,
     Manager,
     OomKill,
     Phase,
@@ -282,6 +283,7 @@ class JobView:
     # () where unknown (a record, or a watcher that does not publish it).
     last_output: tuple[int, ...] = ()
     interrupted_by: str = ""  # what interrupted it, when not a signal to its watcher
+    log_drops: tuple[LogDrop, ...] = ()  # ranks of which the journal lacks lines (the end)
 
     @property
     def layout(self) -> Layout | None:
@@ -337,6 +339,7 @@ class JobView:
             "node_rank": None if self.node_rank < 0 else self.node_rank,
             "nodes": [dataclasses.asdict(n) for n in self.nodes],
             "node_cause": None if self.node_failure is None else self.node_failure.to_dict(),
+            "log_drops": [d.to_dict() for d in self.log_drops],
         }
 
     def report(self) -> JobReport:
@@ -366,6 +369,7 @@ class JobView:
             restarts=self.restarts,
             layout=self.layout,
             node_failure=self.node_failure,
+            log_drops=self.log_drops,
         )
 
     @classmethod
@@ -406,6 +410,7 @@ class JobView:
             cause_host="" if failure is None else failure.host,
             cause_what="" if failure is None else failure.what,
             interrupted_by="" if report is None else report.interrupted_by or "",
+            log_drops=() if report is None else report.log_drops,
         )
 
     def properties(self) -> dict[str, tuple[str, Any]]:

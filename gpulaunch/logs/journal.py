@@ -74,9 +74,10 @@ def sync(manager: Manager) -> None:
         subprocess.run(["journalctl", "--sync"], capture_output=True, check=False)
 
 
-def stored_lines(manager: Manager, unit: str, identifier: str) -> int:
-    """How many entries of a rank's streams the journal holds."""
+def stored_lines(manager: Manager, unit: str, identifier: str, since: float = 0.0) -> int:
+    """How many entries of a rank's streams the journal holds (since `since`, time.time())."""
     field = "_SYSTEMD_USER_UNIT" if manager is Manager.USER else "_SYSTEMD_UNIT"
+    after = [f"--since=@{since:.6f}"] if since else []
     out = subprocess.run(
         _journalctl(
             manager,
@@ -84,6 +85,7 @@ def stored_lines(manager: Manager, unit: str, identifier: str) -> int:
                 "-o",
                 "cat",
                 "--output-fields=SYSLOG_IDENTIFIER",
+                *after,
                 f"{field}={unit}",
                 f"SYSLOG_IDENTIFIER={identifier}",
             ],

@@ -66,6 +66,7 @@ class Watcher(EventLoop):
         runtime_dir: Path | None = None,
         peer: PeerLink | None = None,
         hang: HangWatch | None = None,
+        finish: Callable[[JobReport], JobReport] = lambda report: report,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -74,6 +75,7 @@ class Watcher(EventLoop):
         os.set_blocking(wakeup_fd, False)  # read between forks too, not only when readable
         self.clock = clock
         self.on_created = on_created  # called once the job's units exist
+        self.finish = finish
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r) for r in spec.ranks]
         self.interrupt: tuple[float, int] | None = None
@@ -133,7 +135,7 @@ class Watcher(EventLoop):
                 if not self._restart():
                     break
             self._set_phase(Phase.DONE)
-            report = self.report()
+            report = self.finish(self.report())  # what the output knows (logs lost) added
             progress = self.progress()
             for observer in self.observers:  # also after a failed start: it is recorded too
                 self._aio.run_until_complete(
