@@ -28,6 +28,18 @@ def _ids() -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+def ids() -> tuple[int, int]:
+    """The user's uid and gid."""
+    return _ids()
+
+
+def restart_manager() -> None:
+    """Start the user's manager again after a soak job stopped it (their logout, a stop)."""
+    uid, _ = _ids()
+    _run("systemctl", "start", f"user@{uid}.service")
+    _wait_bus(uid)
+
+
 def prepare(scratch: Path, in_box: bool) -> None:
     """Make the user and start their manager; raises Unavailable with the reason."""
     if os.geteuid() != 0:
@@ -44,13 +56,17 @@ def prepare(scratch: Path, in_box: bool) -> None:
     # user manager a few seconds after the user's last process is gone, between two runs.
     _run("loginctl", "enable-linger", USER)
     _run("systemctl", "start", f"user@{uid}.service")
+    _wait_bus(uid)
+    scratch.chmod(0o777)
+
+
+def _wait_bus(uid: int) -> None:
     bus = Path(f"/run/user/{uid}/bus")
     deadline = time.monotonic() + 30
     while not bus.exists():  # socket-activated by the manager's sockets.target
         if time.monotonic() > deadline:
             raise Unavailable(f"{USER}'s user manager runs but {bus} did not appear in 30 s")
         time.sleep(0.1)
-    scratch.chmod(0o777)
 
 
 def _run(*argv: str) -> None:

@@ -351,6 +351,18 @@ def start_node(
     return _spawn(launcher, node.token, argv, log_dir, False, extra_env)
 
 
+def spawn(
+    launcher: Launcher,
+    token: str,
+    argv: list[str],
+    log_dir: Path,
+    capture: bool,
+    extra_env: Mapping[str, str] | None,
+) -> Run:
+    """Start `argv` as a run of `launcher` (the soak wraps gpulaunch's command line)."""
+    return _spawn(launcher, token, argv, log_dir, capture, extra_env)
+
+
 def _spawn(
     launcher: Launcher,
     token: str,

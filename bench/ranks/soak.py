@@ -5,12 +5,18 @@ fault: `exit` (exit `--code`), `sigkill` or `sigsegv` (sent to itself; no core f
 the process is made non-dumpable first), or `none` (it sleeps like the others).
 Every other rank sleeps `--sleep` seconds and exits 0. Imports nothing heavy: a job
 takes about a second. SIGTERM ends it at once (default disposition).
+
+`--children N`: each rank first starts N processes of its own that sleep (as a
+dataloader's workers or a `subprocess` do) and stamps `children.<rank>` once they
+run; they carry the job's token in their environment, so the soak finds any left.
 """
 
 import argparse
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from stamp import write_stamp  # sys.path[0] is this directory
@@ -25,8 +31,15 @@ p.add_argument("--code", type=int, default=1)
 p.add_argument("--after", type=float, default=0.5)
 p.add_argument("--sleep", type=float, default=0.5)
 p.add_argument("--token", required=True)
+p.add_argument("--children", type=int, default=0)
 args = p.parse_args()
 rank = int(os.environ["RANK"])
+kids = [
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    for _ in range(args.children)
+]
+if kids:
+    write_stamp(args.dir, "children", rank, time.time())
 write_stamp(args.dir, "ready", rank, time.time())
 if rank != args.fault_rank or args.fault == "none":
     time.sleep(args.sleep)

@@ -22,10 +22,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import machine
+from bench import frontend, machine
 from bench.soak.judge import judge
-from bench.soak.plan import FAULTS, RESTARTS, Fault, draw
-from bench.soak.runner import Bounds, run_job
+from bench.soak.plan import DIRECT, FAULTS, FRONTEND, RESTARTS, Fault, draw
+from bench.soak.runner import Bounds, prepare_direct, run_job
 from bench.soak.tally import JobResult, Soak, as_json, markdown, replay, table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +84,19 @@ def main(argv: Sequence[str]) -> int:
     return _soak(args, kinds, args_list)
 
 
+def _prepare(kinds: tuple[Fault, ...], scratch: Path) -> str | None:
+    """The front end's user and the direct watchers' cgroups, where kinds need them."""
+    users = [k for k in kinds if k in FRONTEND or k is Fault.DIRECT_SIGKILL_PGROUP]
+    if users:
+        try:
+            frontend.prepare(scratch, bool(os.environ.get(machine.IN_BOX)))
+        except frontend.Unavailable as exc:
+            return f"{', '.join(users)}: {exc}; leave them out with --only"
+    if any(k in DIRECT for k in kinds):
+        prepare_direct()
+    return None
+
+
 def _job_api_ready(kinds: tuple[Fault, ...]) -> str | None:
     """`gpulaunch stop` needs the job API's D-Bus policy: installed in our own box."""
     if Fault.GPULAUNCH_STOP not in kinds or any((d / POLICY).exists() for d in POLICY_DIRS):
@@ -103,6 +116,10 @@ def _soak(args: argparse.Namespace, kinds: tuple[Fault, ...], args_list: list[st
     (REPO / "bench" / ".scratch").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="soak-", dir=REPO / "bench" / ".scratch"))
     try:
+        problem = _prepare(kinds, scratch)
+        if problem:
+            print(f"bench soak: error: {problem}", file=sys.stderr)
+            return 2
         return _soak_in(args, kinds, args_list, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -25,6 +25,21 @@ The rules (README, "Exit status"; docs/dbus.md, the record):
   `gpulaunch stop` itself exits 0 (docs/dbus.md);
 - a restart of dbus or journald: the job's own end, as if nothing had happened.
 
+The kinds added for issue 22 (what its items 1-3 and the README expect):
+
+- SIGKILL to an ordinary user's front end while the job runs: the front end dies of it
+  (the shell's 137); systemd stops the watcher's service, and the watcher ends the job
+  as for a SIGTERM: its report (on the same terminal) and its record say 143,
+  `interrupted`;
+- the user's manager stopped, the user logged out (`loginctl terminate-user`): an
+  interruption, 143, reported and recorded (the journal is system-wide);
+- the user manager's daemon-reexec, in start-up or while the job runs: the job's own end;
+- SIGKILL to a direct watcher whose ranks have children: it dies of it and writes no
+  record; nothing of the job is left (no process, no job cgroup: the same id runs again);
+- `systemctl stop` of the job slice within 0.15 s of its units being made: 143, with the
+  report and record of an interruption, or one line (StoppedWhileStartingError) and a
+  record of 143; never 141, 70 or 71.
+
 A record is required wherever a report was printed (the watcher writes the record
 first) and wherever an end is expected with a report; its status, cause and cause rank
 must be the report's. "Missing record" counts the jobs whose required record is not in
@@ -40,6 +55,12 @@ from dataclasses import dataclass
 from bench.soak.plan import RESTARTS, WATCHER_SIGNALS, Fault, JobPlan, Phase
 
 START_FAILED = 71  # README: systemd refused or failed an operation
+# A watcher killed by SIGKILL writes no record: none is required, and none is looked at.
+SIGKILLED_WATCHER = (
+    Fault.WATCHER_SIGKILL,
+    Fault.DIRECT_SIGKILL_CGROUP,
+    Fault.DIRECT_SIGKILL_PGROUP,
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,17 @@ class Expect:
     cause: str | None
     rank: int | None = None
     record: bool = True  # required (else: there must be none... or it is not looked at)
+    # The report's and record's status where the launcher's own differs (a front end
+    # SIGKILLed: its watcher reports 143); None: the same as `status`.
+    report_status: int | None = None
+
+    @property
+    def end(self) -> End | None:
+        """The report's end this expects (None: no report)."""
+        if self.cause is None:
+            return None
+        status = self.status if self.report_status is None else self.report_status
+        return End(status, self.cause, self.rank)
 
 
 @dataclass(frozen=True)
@@ -140,6 +172,16 @@ def expected(plan: JobPlan, seen: Seen) -> list[Expect]:
         return [own]
     if not seen.acted:  # the launcher ended before the action: the ranks' own end
         return [own]
+    if plan.fault is Fault.USER_MANAGER_REEXEC:
+        return [own]
+    if plan.fault is Fault.FRONTEND_SIGKILL:
+        return [Expect(-signal.SIGKILL, "interrupted", report_status=128 + signal.SIGTERM)]
+    if plan.fault in (Fault.USER_MANAGER_STOP, Fault.LOGOUT):
+        return [Expect(128 + signal.SIGTERM, "interrupted")]
+    if plan.fault in (Fault.DIRECT_SIGKILL_CGROUP, Fault.DIRECT_SIGKILL_PGROUP):
+        return [Expect(-signal.SIGKILL, None, record=False)]
+    if plan.fault is Fault.STOP_AT_START:
+        return [Expect(128 + signal.SIGTERM, "interrupted"), Expect(128 + signal.SIGTERM, None)]
     if plan.fault is Fault.WATCHER_SIGKILL:
         return [Expect(-signal.SIGKILL, None, record=False)]
     if plan.fault in (Fault.SLICE_STOP, Fault.GPULAUNCH_STOP):
@@ -162,10 +204,7 @@ def expected(plan: JobPlan, seen: Seen) -> list[Expect]:
 def _matches(e: Expect, seen: Seen) -> bool:
     if seen.returncode != e.status:
         return False
-    if e.cause is None:
-        return seen.headline is None
-    h = seen.headline
-    return h is not None and (h.status, h.cause, h.rank) == (e.status, e.cause, e.rank)
+    return seen.headline == e.end
 
 
 def judge(plan: JobPlan, seen: Seen) -> Verdict:
@@ -200,8 +239,14 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
         else:
             v["wrong_report"] = True
             reasons.append(f"report {_show(seen.headline)} for exit {seen.returncode}")
-    needs_record = seen.headline is not None or (match is not None and match.record)
-    if plan.fault is not Fault.WATCHER_SIGKILL:  # (a record there must say what happened)
+    # Required after a report, by the end that matched, or (no end matched) by every end
+    # the rules allow: then a wrong end without a record is missing one too.
+    needed_by = [match] if match is not None else ends
+    needs_record = seen.headline is not None or all(e.record for e in needed_by)
+    if plan.fault not in SIGKILLED_WATCHER:  # (a record there must say what happened)
+        status = seen.returncode
+        if match is not None and match.report_status is not None:
+            status = match.report_status
         if seen.record is None:
             if needs_record:
                 v["missing_record"] = True
@@ -209,7 +254,7 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
         elif seen.headline is not None and seen.record != seen.headline:
             v["wrong_report"] = True
             reasons.append(f"record {_show(seen.record)} but report {_show(seen.headline)}")
-        elif seen.record.status != seen.returncode:
+        elif seen.record.status != status:
             v["wrong_report"] = True
             reasons.append(f"record {_show(seen.record)} but exit {seen.returncode}")
     return Verdict(**v, reasons=tuple(reasons))

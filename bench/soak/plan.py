@@ -29,6 +29,15 @@ class Fault(enum.StrEnum):
     GPULAUNCH_STOP = "gpulaunch-stop"  # `gpulaunch stop JOB` while it runs
     DBUS_RESTART = "dbus-restart"  # `systemctl restart dbus` while it runs
     JOURNALD_RESTART = "journald-restart"  # `systemctl restart systemd-journald` while it runs
+    # An ordinary user's job through the front end (bench/frontend.py's user, a login scope):
+    FRONTEND_SIGKILL = "frontend-sigkill"  # SIGKILL to the front end while the job runs
+    USER_MANAGER_STOP = "user-manager-stop"  # `systemctl stop user@UID.service` while it runs
+    USER_MANAGER_REEXEC = "user-manager-reexec"  # the user manager's daemon-reexec
+    LOGOUT = "logout"  # `loginctl terminate-user USER`: every session and the manager go
+    # The direct supervisor, ranks with children of their own (a dataloader's workers):
+    DIRECT_SIGKILL_CGROUP = "direct-sigkill-cgroup"  # SIGKILL to its watcher (cgroup way)
+    DIRECT_SIGKILL_PGROUP = "direct-sigkill-pgroup"  # the same, process groups (user, no cgroup)
+    STOP_AT_START = "stop-at-start"  # `systemctl stop` of the job slice as its units are made
 
 
 FAULTS = tuple(Fault)
@@ -46,6 +55,16 @@ RANK_FAULTS = {
     Fault.RANK_SIGSEGV: "sigsegv",
 }
 RESTARTS = {Fault.DBUS_RESTART: "dbus", Fault.JOURNALD_RESTART: "systemd-journald"}
+FRONTEND = (
+    Fault.FRONTEND_SIGKILL,
+    Fault.USER_MANAGER_STOP,
+    Fault.USER_MANAGER_REEXEC,
+    Fault.LOGOUT,
+)
+DIRECT = {
+    Fault.DIRECT_SIGKILL_CGROUP: "direct-cgroup",
+    Fault.DIRECT_SIGKILL_PGROUP: "direct-pgroup",
+}
 LONG_S = 30.0  # ranks that should be stopped sleep this long; the hang bound is longer
 
 
@@ -55,6 +74,7 @@ class Phase(enum.StrEnum):
     START_UP = "start-up"  # `offset` after the launcher was spawned: imports, planning, units
     RUNNING = "running"  # `offset` after every rank stamped `ready`
     AT_THE_END = "at-the-end"  # `offset` after the failing rank stamped `fault`
+    UNITS = "units"  # `offset` after the job slice's cgroup appeared (the units being made)
 
 
 @dataclass(frozen=True)
@@ -69,12 +89,21 @@ class JobPlan:
     sleep_s: float  # every other rank exits 0 after this long
     phase: Phase | None  # of the outside action; None: there is none
     offset_s: float
+    children: int = 0  # processes each rank starts and leaves running (its own children)
+
+    @property
+    def launcher(self) -> str:
+        """How the job is started: systemd (root), frontend (a user), direct-cgroup/-pgroup."""
+        if self.fault in FRONTEND:
+            return "frontend"
+        return DIRECT.get(self.fault, "systemd")
 
     def rank_args(self) -> list[str]:
         return [
             *("--fault", self.rank_fault, "--fault-rank", str(self.fault_rank)),
             *("--code", str(self.code), "--after", f"{self.after_s:.3f}"),
             *("--sleep", f"{self.sleep_s:.3f}"),
+            *(("--children", str(self.children)) if self.children else ()),
         ]
 
     def describe(self) -> str:
@@ -87,11 +116,17 @@ class JobPlan:
             what.append(
                 f"rank {self.fault_rank} {self.rank_fault}{code} after {self.after_s:.2f} s"
             )
+        if self.children:
+            what.append(f"{self.children} children per rank")
+        if self.launcher != "systemd":
+            what.append(f"launched {self.launcher}")
         if self.phase is not None:
             what.append(f"{self.action()}, {self.phase} +{self.offset_s:.2f} s")
         return "; ".join(what)
 
     def action(self) -> str:
+        if self.fault in OTHER_ACTIONS:
+            return OTHER_ACTIONS[self.fault]
         if self.fault in WATCHER_SIGNALS:
             return f"{WATCHER_SIGNALS[self.fault].name} to the watcher"
         if self.fault is Fault.SLICE_STOP:
@@ -102,6 +137,17 @@ class JobPlan:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+OTHER_ACTIONS = {
+    Fault.FRONTEND_SIGKILL: "SIGKILL to the front end",
+    Fault.USER_MANAGER_STOP: "systemctl stop of the user's manager",
+    Fault.USER_MANAGER_REEXEC: "daemon-reexec of the user's manager",
+    Fault.LOGOUT: "loginctl terminate-user",
+    Fault.DIRECT_SIGKILL_CGROUP: "SIGKILL to the direct watcher",
+    Fault.DIRECT_SIGKILL_PGROUP: "SIGKILL to the direct watcher",
+    Fault.STOP_AT_START: "systemctl stop of the job slice",
+}
 
 
 def draw(seed: int, index: int, kinds: tuple[Fault, ...]) -> JobPlan:
@@ -146,6 +192,8 @@ def draw(seed: int, index: int, kinds: tuple[Fault, ...]) -> JobPlan:
             phase=phase,
             offset_s=_offset(rng, phase, after),
         )
+    if fault in OTHER_ACTIONS:  # the kinds added for issue 22: drawn after the others'
+        return _draw_other(rng, fault, base, after)
     if fault in (Fault.SLICE_STOP, Fault.GPULAUNCH_STOP):
         return JobPlan(
             **base,
@@ -174,3 +222,32 @@ def _offset(rng: random.Random, phase: Phase, after: float) -> float:
     if phase is Phase.RUNNING:
         return rng.uniform(0, after)  # before the rank's fault, mostly
     return rng.uniform(0, 0.1)  # as the failure is seen and the report made
+
+
+def _draw_other(rng: random.Random, fault: Fault, base: dict[str, Any], after: float) -> JobPlan:
+    """The plans of the front end's, the direct supervisor's and the early outside stop's kinds."""
+    if fault is Fault.USER_MANAGER_REEXEC:  # the job must survive it: its own end
+        rank_fault = rng.choice(("none", "exit"))
+        phase = rng.choice((Phase.START_UP, Phase.RUNNING))
+        return JobPlan(
+            **base,
+            rank_fault=rank_fault,
+            after_s=after + 0.3,
+            sleep_s=LONG_S if rank_fault == "exit" else after + 0.3,
+            phase=phase,
+            offset_s=_offset(rng, phase, after),
+        )
+    if fault is Fault.STOP_AT_START:
+        phase, offset = Phase.UNITS, rng.uniform(0, 0.15)  # issue 22, item 1's window
+    else:
+        phase, offset = Phase.RUNNING, rng.uniform(0, 0.5)
+    children = rng.randint(1, 3) if fault in DIRECT else 0
+    return JobPlan(
+        **base,
+        rank_fault="none",
+        after_s=after,
+        sleep_s=LONG_S,
+        phase=phase,
+        offset_s=offset,
+        children=children,
+    )

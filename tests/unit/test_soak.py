@@ -136,3 +136,65 @@ def test_a_sigint_before_gpulaunchs_first_line_is_pythons_not_a_defect() -> None
     assert judge(plan, seen(1, None, stderr=OUR_CODE)).failed
     running = replace(plan, phase=Phase.RUNNING)
     assert judge(running, seen(1, None, stderr=PYTHON_STARTUP)).failed
+
+
+def test_the_new_kinds_are_replayable_and_launched_as_they_say() -> None:
+    """Issue 22: the front end's, the direct supervisor's and the early stop's kinds."""
+    for fault, launcher in (
+        (Fault.FRONTEND_SIGKILL, "frontend"),
+        (Fault.USER_MANAGER_STOP, "frontend"),
+        (Fault.USER_MANAGER_REEXEC, "frontend"),
+        (Fault.LOGOUT, "frontend"),
+        (Fault.DIRECT_SIGKILL_CGROUP, "direct-cgroup"),
+        (Fault.DIRECT_SIGKILL_PGROUP, "direct-pgroup"),
+        (Fault.STOP_AT_START, "systemd"),
+    ):
+        plan = draw(3, 11, (fault,))
+        assert plan == draw(3, 11, (fault,)) and plan.launcher == launcher
+    direct = draw(3, 11, (Fault.DIRECT_SIGKILL_CGROUP,))
+    assert direct.children >= 1 and "--children" in direct.rank_args()
+    assert "--children" not in draw(3, 11, (Fault.SLICE_STOP,)).rank_args()  # old kinds: same
+    early = draw(3, 11, (Fault.STOP_AT_START,))
+    assert early.phase is Phase.UNITS and early.offset_s <= 0.15
+
+
+def test_a_sigkilled_front_end_leaves_its_watcher_to_report_an_interrupt() -> None:
+    plan = plan_of(Fault.FRONTEND_SIGKILL)
+    stopped = End(143, "interrupted", None)
+    assert not judge(plan, seen(-9, stopped)).failed
+    assert judge(plan, seen(-9, None, record=None)).wrong_report  # no report at all
+    assert judge(plan, seen(-9, stopped, record=None)).missing_record
+    assert judge(plan, seen(-9, stopped, record=End(0, "succeeded", None))).wrong_report
+
+
+def test_a_user_manager_going_away_is_an_interrupt_not_an_internal_error() -> None:
+    """Issue 22, item 2: 70 and no record was what main did."""
+    for fault in (Fault.USER_MANAGER_STOP, Fault.LOGOUT):
+        plan = plan_of(fault)
+        assert not judge(plan, seen(143, End(143, "interrupted", None))).failed
+        v = judge(plan, seen(70, None, record=None, stderr="gpulaunch: internal error: x"))
+        assert v.wrong_status and v.wrong_report and v.missing_record
+    reexec = plan_of(Fault.USER_MANAGER_REEXEC, rank_fault="none")
+    assert not judge(reexec, seen(0, End(0, "succeeded", None))).failed
+    assert judge(reexec, seen(70, None)).wrong_status
+
+
+def test_an_outside_stop_at_the_gates_is_143_with_a_record() -> None:
+    """Issue 22, item 1: a silent 141 (no report, no record), or 71, was what main did."""
+    plan = plan_of(Fault.STOP_AT_START)
+    assert not judge(plan, seen(143, End(143, "interrupted", None))).failed
+    assert not judge(plan, seen(143, None, record=End(143, "interrupted", None))).failed
+    v = judge(plan, seen(141, None, record=None))
+    assert v.wrong_status and v.missing_record
+    assert judge(plan, seen(71, End(71, "start-failed", None))).wrong_status
+    assert judge(plan, seen(143, None, record=None)).missing_record
+
+
+def test_a_killed_direct_watcher_leaves_no_child_of_a_rank_and_no_cgroup() -> None:
+    """Issue 22, item 3."""
+    for fault in (Fault.DIRECT_SIGKILL_CGROUP, Fault.DIRECT_SIGKILL_PGROUP):
+        plan = plan_of(fault)
+        assert not judge(plan, seen(-9, None)).failed
+        v = judge(plan, seen(-9, None, leaked_procs=6))
+        assert v.leaked_procs and not v.missing_record
+        assert judge(plan, seen(-9, None, leaked_units=("/sys/fs/cgroup/x",))).leaked_units
