@@ -4,33 +4,37 @@ each with one fault, and not one wrong status, report, record, leftover or hang.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
-from bench.soak.plan import FAULTS, Fault
+from bench.machine import IN_BOX
+from bench.soak.plan import FAULTS
 from tests.integration.jobs import REPO, SHARED
 
 pytestmark = pytest.mark.integration
 
-SEED = 1  # draws every kind below at least twice in 40 jobs (asserted: at least once)
+SEED = 32  # draws every kind below at least once in 40 jobs (asserted)
 JOBS = 40
-# Left out until it is fixed (issue 13, item 13): a SIGINT during start-up after
-# gpulaunch/__main__.py put SIGINT's default back, but before the watcher takes the
-# interrupts over (start.py's own imports of pystemd, the job API, ...; planning) raises
-# KeyboardInterrupt: a traceback and a death by SIGINT instead of a quiet 130. Timing-
-# dependent (the 500-job run in bench/results/ missed it); this replay hit it 2 of 3 times:
-# python -m bench soak --seed 2 --first 13 --jobs 1 --only slice-stop,late-sigterm,\
-# late-sigint,gpulaunch-stop,watcher-sigterm,watcher-sigint
-NOT_YET = {Fault.WATCHER_SIGINT}
+# Every kind runs. The watcher-SIGINT kind, once left out "until fixed" (issue 13, item 13),
+# is fixed on main (the quiet ^C from gpulaunch/__main__.py's first line; the judge tells
+# Python's own start-up KeyboardInterrupt apart): its old replay (seed 2, job 13) ends 130
+# 3 of 3 times and 24 jobs of it alone found nothing. The kinds of issue 22 (the front
+# end's, the direct supervisor's, the early outside stop) pass once its items 1-3 are fixed.
 
 
 def test_a_short_fault_soak_finds_nothing(box: object) -> None:
-    kinds = [f for f in FAULTS if f not in NOT_YET]
+    from sdbox import Box
+
+    if not isinstance(box, Box):
+        pytest.skip("needs the throwaway box: the soak adds the front end's user")
+    kinds = list(FAULTS)
     out = SHARED / "soak"
     argv = [sys.executable, "-m", "bench", "soak", "--jobs", str(JOBS), "--seed", str(SEED)]
     argv += ["--only", ",".join(kinds), "--out", str(out)]
-    res = box.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=1800)  # type: ignore[attr-defined]
+    env = {**os.environ, IN_BOX: "1"}  # it adds the front end's user: this box is throwaway
+    res = box.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=1800, env=env)
     failed = [line for line in res.stderr.splitlines() if "FAILED" in line or "replay" in line]
     assert res.returncode == 0, "\n".join([res.stdout, *failed, res.stderr[-3000:]])
     (found,) = out.glob("*-soak.json")
