@@ -85,6 +85,9 @@ class Seen:
     acted: bool  # the outside action was done while the launcher ran
     action_rc: int | None  # exit status of the action's command (systemctl, gpulaunch stop)
     rank_faulted: bool  # the failing rank did its fault (stamped `fault`)
+    # A direct job: the state `gpulaunch status` gives after its end (its record file);
+    # None where not asked.
+    state_after: str | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,9 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
     if seen.returncode is None:
         reasons.append("did not end within the hang bound (killed)")
         return Verdict(**v, reasons=tuple(reasons))
+    if seen.state_after in ("running", "starting", "stopping"):  # issue 22, item 5
+        v["wrong_report"] = True
+        reasons.append(f"`gpulaunch status` says {seen.state_after} after the watcher died")
     if _before_our_code(plan, seen):  # the signal won: nothing made, nothing reported
         return Verdict(**v, reasons=tuple(reasons))
     if "Traceback (most recent call last)" in seen.stderr or "internal error" in seen.stderr:

@@ -77,6 +77,7 @@ def run_job(
         acted=acted,
         action_rc=action_rc,
         rank_faulted=(stamps / f"fault.{plan.fault_rank}").exists(),
+        state_after=_state_after(run, plan, env) if plan.launcher.startswith("direct") else None,
     )
     return run.token, seen, took
 
@@ -136,6 +137,24 @@ def _kill_and_rmdir(path: Path) -> None:
             return
         except OSError:
             time.sleep(POLL_S * 5)
+
+
+def _state_after(run: Run, plan: JobPlan, env: Mapping[str, str]) -> str | None:
+    """What `gpulaunch status` says of a direct job now (as its user); None: it knows none."""
+    argv = [str(launchers.BIN / "gpulaunch"), "status", "--json", run.token]
+    extra = dict(env)
+    if plan.launcher == "direct-pgroup":
+        uid, gid = frontend.ids()
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", *argv]
+        extra.update(frontend.login_environment())
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **extra}, check=False, timeout=60
+    )
+    try:
+        state = json.loads(done.stdout)["state"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(state)
 
 
 def _running(run: Run) -> bool:

@@ -41,6 +41,7 @@ class JobResult:
             "acted": s.acted,
             "action_rc": s.action_rc,
             "rank_faulted": s.rank_faulted,
+            "state_after": s.state_after,
             "leaked_units": list(s.leaked_units),
             "leaked_procs": s.leaked_procs,
             "failures": [name for name, _ in COLUMNS if getattr(self.verdict, name)],

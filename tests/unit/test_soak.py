@@ -198,3 +198,11 @@ def test_a_killed_direct_watcher_leaves_no_child_of_a_rank_and_no_cgroup() -> No
         v = judge(plan, seen(-9, None, leaked_procs=6))
         assert v.leaked_procs and not v.missing_record
         assert judge(plan, seen(-9, None, leaked_units=("/sys/fs/cgroup/x",))).leaked_units
+
+
+def test_a_direct_job_whose_watcher_died_is_not_said_to_run() -> None:
+    """Issue 22, item 5: `status` said running forever after a SIGKILLed direct watcher."""
+    plan = plan_of(Fault.DIRECT_SIGKILL_CGROUP)
+    assert judge(plan, seen(-9, None, state_after="running")).wrong_report
+    assert not judge(plan, seen(-9, None, state_after="stopped")).failed
+    assert not judge(plan, seen(-9, None, state_after=None)).failed
