@@ -91,6 +91,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([v.to_json() for v in views], indent=2))
         return 0
+    if os.geteuid() == 0 and manager is Manager.SYSTEM:  # root: say that users' jobs run too
+        for name in whose.users_with_jobs():
+            print(
+                f"gpulaunch: {name} runs jobs too: gpulaunch list --user-of {name}", file=sys.stderr
+            )
     if not views:
         print(f"gpulaunch: no jobs on {bus_title(manager)}", file=sys.stderr)
         return 0

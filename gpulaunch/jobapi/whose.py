@@ -102,6 +102,19 @@ def owners_of(slice_name: str, root: Path = CGROUP_ROOT) -> list[str]:
     return found
 
 
+def users_with_jobs(root: Path = CGROUP_ROOT) -> list[str]:
+    """The users whose user manager runs any gpulaunch job now (root's `list` says so)."""
+    pattern = "user.slice/user-*.slice/user@*.service/gpulaunch.slice/gpulaunch-*.slice"
+    names = set()
+    for path in root.glob(pattern):
+        uid = path.parent.parent.name.removeprefix("user@").removesuffix(".service")
+        try:
+            names.add(pwd.getpwuid(int(uid)).pw_name)
+        except (KeyError, ValueError):
+            names.add(uid)
+    return sorted(names)
+
+
 def user_of_hint(names: list[str]) -> str | None:
     """For root: the option that reaches a job that runs as these users, if any."""
     if not names:

@@ -32,6 +32,8 @@ def test_root_sees_stops_and_waits_for_a_users_job(
         job.wait_file(f"rank{rank}.ready")
 
     # Root without the option: one line that says how to reach it.
+    listed = gl(job, "list")
+    assert "gljob runs jobs too: gpulaunch list --user-of gljob" in listed.stderr, listed
     one_line_error(gl(job, "status", job.id), 3, "it is a user's job: add --user-of gljob")
     one_line_error(gl(job, "stop", job.id), 3, "--user-of gljob")
 
