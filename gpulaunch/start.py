@@ -228,17 +228,15 @@ def journal_drops(
     same id does not count.
     """
     burst = rate_limit_burst()
+    wrote = [(rank, output.lines(rank.rank)) for rank in spec.ranks if output.lines(rank.rank)]
+    if not wrote:
+        return ()
+    journal_sync(spec.manager)
+    stored = stored_lines(spec.manager, [(r.unit, f"rank{r.rank}") for r, _ in wrote], since)
     drops = []
-    synced = False
-    for rank in spec.ranks:
-        written = output.lines(rank.rank)
-        if not written:
-            continue
-        if not synced:
-            journal_sync(spec.manager)
-            synced = True
-        stored = stored_lines(spec.manager, rank.unit, f"rank{rank.rank}", since)
-        if stored < written:
+    for rank, written in wrote:
+        kept = stored[f"rank{rank.rank}"]
+        if kept < written:
             limited = burst is not None and written > burst
-            drops.append(LogDrop(rank.rank, written, stored, rank.rank in missed, limited))
+            drops.append(LogDrop(rank.rank, written, kept, rank.rank in missed, limited))
     return tuple(drops)

@@ -74,26 +74,34 @@ def sync(manager: Manager) -> None:
         subprocess.run(["journalctl", "--sync"], capture_output=True, check=False)
 
 
-def stored_lines(manager: Manager, unit: str, identifier: str, since: float = 0.0) -> int:
-    """How many entries of a rank's streams the journal holds (since `since`, time.time())."""
+def stored_lines(
+    manager: Manager, ranks: Sequence[tuple[str, str]], since: float = 0.0
+) -> dict[str, int]:
+    """How many entries of each rank's streams the journal holds, by identifier.
+
+    `ranks`: (unit, identifier) pairs; one journalctl for all of them (an OR of their
+    matches), only entries since `since` (time.time()): an earlier job of the same id
+    does not count.
+    """
     field = "_SYSTEMD_USER_UNIT" if manager is Manager.USER else "_SYSTEMD_UNIT"
+    matches: list[str] = []
+    for unit, identifier in ranks:
+        matches += [
+            *(["+"] if matches else []),
+            f"{field}={unit}",
+            f"SYSLOG_IDENTIFIER={identifier}",
+        ]
     after = [f"--since=@{since:.6f}"] if since else []
     out = subprocess.run(
-        _journalctl(
-            manager,
-            [
-                "-o",
-                "cat",
-                "--output-fields=SYSLOG_IDENTIFIER",
-                *after,
-                f"{field}={unit}",
-                f"SYSLOG_IDENTIFIER={identifier}",
-            ],
-        ),
+        _journalctl(manager, ["-o", "cat", "--output-fields=SYSLOG_IDENTIFIER", *after, *matches]),
         capture_output=True,
         check=False,
     ).stdout
-    return out.count(b"\n")
+    counts = dict.fromkeys((identifier for _, identifier in ranks), 0)
+    for line in out.decode("utf-8", "replace").splitlines():
+        if line in counts:
+            counts[line] += 1
+    return counts
 
 
 def rank_units_pattern(job: str, rank: int | None) -> str:
