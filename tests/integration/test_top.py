@@ -139,3 +139,37 @@ def test_report_and_record_have_cpu_time_and_peak_memory(job: Job) -> None:
     assert burner["cpu_sec"] > 0.3 and holder["cpu_sec"] < burner["cpu_sec"]
     assert holder["peak_memory"] >= 100 * MiB > burner["peak_memory"]
     assert ranks[0]["oom"] is None
+
+
+def test_top_on_a_terminal_redraws_in_place_without_rich(job: Job) -> None:
+    """The live table is plain text redrawn with ANSI (no `rich`: issue 22, item 16)."""
+    import pty
+    import select
+    import signal
+    import time
+
+    proc = start(job, "--burn-rank", "0")
+    master, slave = pty.openpty()
+    try:
+        top = job.box.popen(
+            [GPULAUNCH, "top", job.id, "--interval", "0.2"],
+            cwd=str(REPO),
+            stdin=slave,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+        )
+        os.close(slave)
+        shown = b""
+        deadline = time.monotonic() + 60
+        while shown.count(b"\x1b[H\x1b[J") < 2 and time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                shown += os.read(master, 65536)
+        os.kill(job.box.inner_pid(top), signal.SIGINT)
+        _, err = top.communicate(timeout=60)
+        assert top.returncode == 0, err  # Ctrl-C quits quietly
+        assert shown.count(b"\x1b[H\x1b[J") >= 2, shown  # drawn, then drawn again in place
+        assert f"job {job.id}: running, 2 ranks".encode() in shown, shown
+        assert b"Ctrl-C quits" in shown
+    finally:
+        os.close(master)
+        end(job, proc)
