@@ -233,6 +233,8 @@ def journal_drops(
         return ()
     journal_sync(spec.manager)
     stored = stored_lines(spec.manager, [(r.unit, f"rank{r.rank}") for r, _ in wrote], since)
+    if stored is None:
+        return ()
     drops = []
     for rank, written in wrote:
         kept = stored[f"rank{rank.rank}"]

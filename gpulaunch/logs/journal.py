@@ -71,13 +71,17 @@ def _journalctl(manager: Manager, args: Sequence[str]) -> list[str]:
 def sync(manager: Manager) -> None:
     """Have journald store everything it has received (journalctl --sync; root only)."""
     if manager is Manager.SYSTEM and os.geteuid() == 0:
-        subprocess.run(["journalctl", "--sync"], capture_output=True, check=False)
+        try:  # bounded: every job's end waits for it (a hung journald must not hang the job)
+            subprocess.run(["journalctl", "--sync"], capture_output=True, check=False, timeout=30)
+        except subprocess.TimeoutExpired:
+            pass  # the count may then be short: reported as lines the journal lacks
 
 
 def stored_lines(
     manager: Manager, ranks: Sequence[tuple[str, str]], since: float = 0.0
-) -> dict[str, int]:
-    """How many entries of each rank's streams the journal holds, by identifier.
+) -> dict[str, int] | None:
+    """How many entries of each rank's streams the journal holds, by identifier; None:
+    unknown (journalctl missing or hung).
 
     `ranks`: (unit, identifier) pairs; one journalctl for all of them (an OR of their
     matches), only entries since `since` (time.time()): an earlier job of the same id
@@ -92,11 +96,17 @@ def stored_lines(
             f"SYSLOG_IDENTIFIER={identifier}",
         ]
     after = [f"--since=@{since:.6f}"] if since else []
-    out = subprocess.run(
-        _journalctl(manager, ["-o", "cat", "--output-fields=SYSLOG_IDENTIFIER", *after, *matches]),
-        capture_output=True,
-        check=False,
-    ).stdout
+    try:
+        out = subprocess.run(
+            _journalctl(
+                manager, ["-o", "cat", "--output-fields=SYSLOG_IDENTIFIER", *after, *matches]
+            ),
+            capture_output=True,
+            check=False,
+            timeout=120,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):  # no journalctl, or it hangs: nothing known
+        return None
     counts = dict.fromkeys((identifier for _, identifier in ranks), 0)
     for line in out.decode("utf-8", "replace").splitlines():
         if line in counts:

@@ -43,26 +43,18 @@ def lossy_job(box: object) -> Iterator[Job]:
 
 def test_lines_journald_did_not_keep_are_counted_in_report_and_record(lossy_job: Job) -> None:
     job = lossy_job
-    # Every rank exits 3 after its lines: a failure's record is at err, which is stored.
+    # The rank exits 3 after its lines: a failure's record is at err, which is stored.
+    # (One rank: a second one could be stopped by the first one's failure before it wrote.)
     args = ["--lines", "50", "--stderr", "1", "--crash"]
-    res = job.run("--nproc", "2", script=TALK, script_args=args)
+    res = job.run("--nproc", "1", script=TALK, script_args=args)
     assert res.returncode == 3, res.stderr
-    # stderr lines (err) are stored, stdout lines (info) are not: 50 of each rank's 51.
-    for rank in range(2):
-        line = (
-            f"gpulaunch: warning: journald did not keep 50 of rank {rank}'s 51 lines "
-            "(not its rate limit"
-        )
-        assert line in res.stderr, res.stderr
+    # stderr lines (err) are stored, stdout lines (info) are not: 50 of the rank's 51.
+    line = "gpulaunch: warning: journald did not keep 50 of rank 0's 51 lines (not its rate limit"
+    assert line in res.stderr, res.stderr
     assert "journald dropped" not in res.stderr  # not called the rate limit's doing
     drops = json.loads(job.record()["GPULAUNCH_LOG_DROPS"])
     assert [(d["rank"], d["written"], d["stored"], d["rate_limited"]) for d in drops] == [
-        (0, 51, 1, False),
-        (1, 51, 1, False),
+        (0, 51, 1, False)
     ]
-    status = job.box.run(
-        [GPULAUNCH, "status", job.id],
-        capture_output=True,
-        text=True,
-    )
-    assert "journald did not keep 50 of rank 1's 51 lines" in status.stdout, status
+    status = job.box.run([GPULAUNCH, "status", job.id], capture_output=True, text=True)
+    assert "journald did not keep 50 of rank 0's 51 lines" in status.stdout, status
