@@ -37,7 +37,7 @@ from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.resources.final import UsageReader
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
-from gpulaunch.watcher.errorwatch import ErrorFileWatch, stop_others
+from gpulaunch.watcher.errorwatch import ErrorFileWatch
 from gpulaunch.watcher.eventloop import EventLoop
 from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.interrupts import NOTICES, pending
@@ -91,6 +91,7 @@ class Watcher(EventLoop):
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
         self._written: ErrorFileWatch | None = None  # inotify: a rank's @record wrote its file
+        self._failure_pending: str | None = None  # a rank failed; see _failed
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
         self.usage = UsageReader(spec)  # what each rank used, read as it ends
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
@@ -160,6 +161,7 @@ class Watcher(EventLoop):
         )
         self.ranks = [Rank(spec=r) for r in self.spec.ranks]
         self.stop_issued = False
+        self._failure_pending = None
         self._settle = Settle(self.spec.grace_sec)
         self._all_forked = False
         self._set_phase(Phase.STARTING)
@@ -382,11 +384,14 @@ class Watcher(EventLoop):
         now = self.clock()
         self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
+        if status.code == 0 and status.signal is None or rank.stop_requested:
+            rank.error_at = None  # its error file explains no failure of its own
         rank.exit = RankExit(
             code=status.code,
             signal=status.signal,
             stopped_by_watcher=rank.stop_requested,
-            observed_at=now if rank.error_at is None else rank.error_at,  # see _on_error_file
+            # Failed by itself: as of its error file, if it wrote one (see _on_error_file).
+            observed_at=now if rank.error_at is None else rank.error_at,
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
             usage=used,
@@ -398,17 +403,42 @@ class Watcher(EventLoop):
                 error, source = self._rank_error(rank.spec.rank)
                 what = f"rank {rank.spec.rank} {rank.exit.describe()}"
                 self.nodes.offer(what, rank.exit.status, rank.spec.rank, error, source)
-            self._stop_after_stacks(f"rank {rank.spec.rank} {rank.exit.describe()}", failure=True)
+            self._failed(f"rank {rank.spec.rank} {rank.exit.describe()}")
+        elif self._failure_pending is not None:
+            self._failed(self._failure_pending)
+
+    def _failed(self, why: str) -> None:
+        """A rank failed: the gang stop, once no rank that wrote its error file still runs.
+
+        Such a rank is most likely the true cause, still tearing down (a rank it took
+        down failed first): its own exit is awaited, at most --grace, so that it
+        fails by itself; a rank whose file a sibling wrote is stopped after that."""
+        if self.stop_issued:
+            return
+        if any(r.state.alive and r.error_at is not None for r in self.ranks):
+            if self._failure_pending is None:
+                self._failure_pending = why
+                self._aio.call_later(self.spec.grace_sec, self._failed_late, why, self.attempt)
+            return
+        self._failure_pending = None
+        self._stop_after_stacks(why, failure=True)
+
+    def _failed_late(self, why: str, attempt: int) -> None:
+        if attempt == self.attempt and self._failure_pending is not None:
+            self._failure_pending = None
+            self._stop_after_stacks(why, failure=True)
+            self._poke()
 
     def _on_error_file(self) -> None:
-        """A rank's @record wrote its error file: stop the others now (watcher/errorwatch.py)."""
+        """A rank's @record wrote its error file: note when (watcher/errorwatch.py).
+
+        The file stops nothing: only a rank's exit does. If that rank then fails by
+        itself, its failure counts as of this moment (it is the cause even if a rank
+        it took down exits first: see _failed); if it exits 0, or the gang stop ends
+        it, the file is forgotten (a rank may write a sibling's file: same uid)."""
         assert self._written is not None and self._errors is not None
         for rank in self._written.new_errors(self._errors, self.ranks, self.attempt):
-            rank.error_at = self.clock()  # it is the cause, observed now: see _on_exit
-            if self.nodes is None:  # several nodes: the others learn it at its exit, as before
-                self._set_phase(Phase.STOPPING)
-                self.supervisor.stop_ranks(stop_others(self.ranks))
-                self._aio.call_later(self.spec.grace_sec, self._request_stop_now, self.attempt)
+            rank.error_at = self.clock()
 
     def _stop_after_stacks(self, why: str, failure: bool = False) -> None:
         """--hang-timeout, --dump-stacks: the live ranks' stacks first, then the gang stop."""
@@ -445,8 +475,8 @@ class Watcher(EventLoop):
         self.stop_issued = True
         self._set_phase(Phase.STOPPING)
         for rank in self.ranks:
-            if rank.state.alive and rank.error_at is None:  # a rank that wrote its error
-                rank.stop_requested = True  # file is the cause, however it ends
+            if rank.state.alive:
+                rank.stop_requested = True
             if rank.state is RankState.HELD and rank.child is not None:
                 # Never ran user code: nothing to be graceful about.
                 for child in (rank.child, rank.pump):
