@@ -48,12 +48,37 @@ def runtime_base(manager: Manager) -> Path:
     return private
 
 
+def runtime_dir(base: Path) -> Path:
+    """`base`/gpulaunch, made if missing: a directory of ours we can write (not a link).
+
+    Checked before anything starts (start.py), so that a bad one is one line, exit 69.
+    """
+    parent = base / "gpulaunch"
+    hint = f"remove it (rm -r {parent}) or set XDG_RUNTIME_DIR to a directory of your own"
+    try:
+        parent.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UnavailableError(f"cannot create {parent}: {exc.strerror}", hint) from None
+    st = parent.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise UnavailableError(f"{parent} is {what}", hint)
+    if st.st_uid != os.geteuid():
+        raise UnavailableError(f"{parent} belongs to uid {st.st_uid}, not to you", hint)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UnavailableError(
+            f"cannot write to {parent} (its mode is {st.st_mode & 0o7777:o})", hint
+        )
+    return parent
+
+
 class ErrorFiles:
     """A private directory with one error-file path per attempt and rank."""
 
     def __init__(self, base: Path, component: str) -> None:
-        parent = base / "gpulaunch"
-        parent.mkdir(mode=0o755, exist_ok=True)
+        parent = runtime_dir(base)
         self.root = Path(tempfile.mkdtemp(prefix=f"{component[:100]}.", dir=parent))
 
     def __enter__(self) -> ErrorFiles:
