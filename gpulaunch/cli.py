@@ -300,6 +300,12 @@ def _check_text(args: argparse.Namespace) -> None:
                 )
 
 
+def _one_line(text: str) -> str:
+    """An error stays one line whatever the user typed: control characters as escapes."""
+    text = printable(text)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
     debug = False  # a bad command line is never worth a traceback
@@ -321,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if debug:
             traceback.print_exc()
         hint = f"; {exc.hint}" if exc.hint else ""
-        print(f"gpulaunch: error: {exc.message}{hint}", file=sys.stderr)
+        print(_one_line(f"gpulaunch: error: {exc.message}{hint}"), file=sys.stderr)
         code = exc.exit_code
     except Exception as exc:  # a bug: say so in one line, traceback with --debug
         if debug:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import errno
 import os
+import stat
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,6 +146,17 @@ def chosen(args: argparse.Namespace) -> Sequence[SystemFile]:
     return (BUS_POLICY, JOURNALD_DROP_IN) if args.journald else (BUS_POLICY,)
 
 
+def _check_root(root: Path) -> None:
+    """--root is a directory (else one line, exit 2)."""
+    try:
+        st = root.stat()
+    except OSError as exc:
+        what = "does not exist" if exc.errno == errno.ENOENT else exc.strerror
+        raise UsageError(f"--root {root}: {what}", "give a directory to install under") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"--root {root} is not a directory", "give a directory to install under")
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
     root: Path = args.root or Path("/")
     on_machine = args.root is None
@@ -156,9 +168,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
         raise AccessDeniedError(
             "gpulaunch setup writes into /etc", "run it as root: sudo gpulaunch setup"
         )
-    if args.root is not None and not root.is_dir():
-        what = "does not exist" if not root.exists() else "is not a directory"
-        raise UsageError(f"--root {root} {what}", "give a directory to install under")
+    if args.root is not None:
+        _check_root(root)
     act = uninstall if args.uninstall else install
     changes = {file: _apply(act, file, args) for file in chosen(args)}
     for change in changes.values():
