@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.jobs import REPO, Job
-from tests.integration.test_frontend import Login, assert_user_clean, login, ujob
+from tests.integration.jobs import GPULAUNCH, REPO, Job
+from tests.integration.test_frontend import Login, assert_user_clean, login, make_user, ujob
 
 pytestmark = pytest.mark.integration
 __all__ = ["login", "ujob"]  # fixtures
@@ -88,3 +88,23 @@ def test_a_runtime_directory_of_another_user(box: Any, login: Login, ujob: Job) 
     res = login.run(["env", f"XDG_RUNTIME_DIR={runtime}", *ujob.argv("--nproc", "1")])
     _one_line(res, 69, "not to you")
     assert_user_clean(login, ujob)
+
+
+def test_doctor_says_what_start_does_for_a_user_without_a_manager(box: Any, ujob: Job) -> None:
+    """No systemd answers this user (no user manager, as in CI or a container): `start`
+    runs under the direct supervisor, so `doctor` says a job can run (issue 22 item 8)."""
+    nolinger = make_user(box, "glnolinger", manager=False)
+    res = nolinger.run([GPULAUNCH, "doctor"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "a job gets" in res.stdout and "direct:" in res.stdout, res.stdout
+    assert res.stdout.rstrip().endswith("gpulaunch doctor: a job can run here"), res.stdout
+    assert nolinger.run(ujob.argv("--nproc", "1")).returncode == 0
+    # And where start cannot run, neither says it can: an error-file directory in the way.
+    runtime = f"/tmp/gl-doctor-{ujob.id}"
+    bad = f"mkdir -m 700 {runtime} && ln -s /tmp {runtime}/gpulaunch && "
+    bad += f'XDG_RUNTIME_DIR={runtime} "$@"'
+    res = nolinger.run(["sh", "-c", bad, "sh", GPULAUNCH, "doctor"])
+    assert res.returncode == 69 and "a job cannot run here" in res.stdout, res.stdout
+    assert "is a symbolic link" in res.stdout, res.stdout
+    res = nolinger.run(["env", f"XDG_RUNTIME_DIR={runtime}", *ujob.argv("--nproc", "1")])
+    assert res.returncode == 69 and "is a symbolic link" in res.stderr, res.stderr
