@@ -108,3 +108,29 @@ def test_doctor_says_what_start_does_for_a_user_without_a_manager(box: Any, ujob
     assert "is a symbolic link" in res.stdout, res.stdout
     res = nolinger.run(["env", f"XDG_RUNTIME_DIR={runtime}", *ujob.argv("--nproc", "1")])
     assert res.returncode == 69 and "is a symbolic link" in res.stderr, res.stderr
+
+
+SPEW = """import os, time
+for i in range(400):
+    print(f"line {i} of rank {os.environ['RANK']}", flush=True)
+    time.sleep(0.005)
+"""
+
+
+@pytest.mark.parametrize("who", ["root", "user"])
+def test_a_reader_that_goes_away_is_141(box: Any, login: Login, ujob: Job, who: str) -> None:
+    """`gpulaunch start ... 2>&1 | head -1`: the status of a SIGPIPE, as for root (the
+    front end said 120: Python's failed flush at exit; issue 22 item 15)."""
+    script = ujob.dir / "spew.py"
+    script.write_text(SPEW)
+    script.chmod(0o644)
+    pipe = 'set -o pipefail; "$@" 2>&1 | head -1; exit "${PIPESTATUS[0]}"'
+    argv = ["bash", "-c", pipe, "bash", *ujob.argv("--nproc", "2", script=str(script))]
+    if who == "root":
+        res = box.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=120)
+    else:
+        res = login.run(argv)
+    assert res.returncode == 141, (res.returncode, res.stdout, res.stderr)
+    assert len(res.stdout.splitlines()) == 1 and "Traceback" not in res.stdout + res.stderr
+    if who == "user":
+        assert_user_clean(login, ujob)
