@@ -26,7 +26,7 @@ from gpulaunch.options import (
     output_options,
     start_options,
 )
-from gpulaunch.text import not_utf8, printable
+from gpulaunch.plan.argtext import not_utf8, printable
 
 INTERNAL_ERROR = 70
 
@@ -283,7 +283,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     )
 
 
-# The script and its arguments may be any bytes (gpulaunch/text.py); `argv` is ours.
+# The script and its arguments may be any bytes (gpulaunch/plan/argtext.py); `argv` is ours.
 _ANY_BYTES = frozenset({"script", "args", "argv"})
 
 

@@ -15,6 +15,7 @@ from gpulaunch.errors import UsageError
 from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
 from gpulaunch.model import Manager, SupervisorKind
 from gpulaunch.multinode.options import NodeOptions
+from gpulaunch.numberlist import parse_number_list
 from gpulaunch.plan.bounds import MAX_NNODES, MAX_NPROC, MAX_RESTARTS
 from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.placement import Resources
@@ -322,13 +323,17 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
 
 def _rank_set(text: str) -> frozenset[int]:
     try:
+        parse_number_list(text, "rank", skip_empty=True, most=MAX_NPROC - 1)  # not 0-99999999
         return parse_ranks(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0 or 0,3 or 0-3") from None
 
 
 def _log_dir(text: str) -> Path:
-    problem = log_dir_problem(Path(text))
+    try:
+        problem = log_dir_problem(Path(text))
+    except OSError as exc:  # a name too long (ENAMETOOLONG), a loop of links, ...
+        problem = f"{text}: {exc.strerror}"
     if problem:
         raise argparse.ArgumentTypeError(f"{problem}; {LOG_DIR_HINT}")
     return Path(text)

@@ -31,7 +31,6 @@ from gpulaunch.errors import UsageError
 from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt
 from gpulaunch.model import LogFileGap
 from gpulaunch.numberlist import parse_number_list
-from gpulaunch.plan.bounds import MAX_NPROC
 
 CHUNK = 65536
 MAX_LINE = 1 << 20  # a longer line without newline is shown in pieces of this size
@@ -476,13 +475,6 @@ LOG_DIR_HINT = "give a directory you can write to, or one that can be created"
 
 def log_dir_problem(path: Path) -> str | None:
     """Why `--log-dir path` cannot hold the rank logs, or None: checked before anything starts."""
-    try:
-        return _log_dir_problem(path)
-    except OSError as exc:  # a name too long (ENAMETOOLONG), a loop of links, ...
-        return f"{path}: {exc.strerror}"
-
-
-def _log_dir_problem(path: Path) -> str | None:
     if os.path.lexists(path) and not path.exists():
         return f"{path} is a symbolic link to nothing"
     existing = path.absolute()
@@ -498,7 +490,7 @@ def _log_dir_problem(path: Path) -> str | None:
 
 def parse_ranks(text: str) -> frozenset[int]:
     """`0`, `0,3`, `0-3,8` -> a set of ranks (like torchrun's --local-ranks-filter, plus ranges)."""
-    ranks = frozenset(parse_number_list(text, "rank", skip_empty=True, most=MAX_NPROC - 1))
+    ranks = frozenset(parse_number_list(text, "rank", skip_empty=True))
     if not ranks:
         raise ValueError("no ranks given")
     return ranks

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpulaunch.model import JobSpec, RankSpec
-from gpulaunch.text import printable
+from gpulaunch.plan.argtext import printable
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.templates import Templates
 from gpulaunch.units.variables import JobVars, RankVars

@@ -88,6 +88,14 @@ class ErrorFileWatch:
                 found.append(rank)
         return found
 
+    def note(self, files: ErrorFiles, ranks: Sequence[Rank], attempt: int, now: float) -> None:
+        """Date the failure of each rank that wrote its error file just now (`error_at`).
+
+        If that rank then fails by itself, its failure counts as of then: it is the cause
+        even if a rank it took down exits first (the watcher's `_failed` waits for it)."""
+        for rank in self.new_errors(files, ranks, attempt):
+            rank.error_at = now
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

@@ -384,14 +384,11 @@ class Watcher(EventLoop):
         now = self.clock()
         self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
-        if status.code == 0 and status.signal is None or rank.stop_requested:
-            rank.error_at = None  # its error file explains no failure of its own
         rank.exit = RankExit(
             code=status.code,
             signal=status.signal,
             stopped_by_watcher=rank.stop_requested,
-            # Failed by itself: as of its error file, if it wrote one (see _on_error_file).
-            observed_at=now if rank.error_at is None else rank.error_at,
+            observed_at=now if rank.error_at is None or rank.stop_requested else rank.error_at,
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
             usage=used,
@@ -407,38 +404,22 @@ class Watcher(EventLoop):
         elif self._failure_pending is not None:
             self._failed(self._failure_pending)
 
-    def _failed(self, why: str) -> None:
-        """A rank failed: the gang stop, once no rank that wrote its error file still runs.
-
-        Such a rank is most likely the true cause, still tearing down (a rank it took
-        down failed first): its own exit is awaited, at most --grace, so that it
-        fails by itself; a rank whose file a sibling wrote is stopped after that."""
-        if self.stop_issued:
+    def _failed(self, why: str, late_for: int | None = None) -> None:
+        """A rank failed: the gang stop, once no rank that wrote its error file runs (--grace)."""
+        if self.stop_issued or late_for not in (None, self.attempt):
             return
-        if any(r.state.alive and r.error_at is not None for r in self.ranks):
-            if self._failure_pending is None:
-                self._failure_pending = why
-                self._aio.call_later(self.spec.grace_sec, self._failed_late, why, self.attempt)
+        if late_for is None and any(r.state.alive and r.error_at is not None for r in self.ranks):
+            if self._failure_pending is None:  # the true cause tearing down: let it fail itself
+                self._aio.call_later(self.spec.grace_sec, self._failed, why, self.attempt)
+            self._failure_pending = why
             return
-        self._failure_pending = None
         self._stop_after_stacks(why, failure=True)
-
-    def _failed_late(self, why: str, attempt: int) -> None:
-        if attempt == self.attempt and self._failure_pending is not None:
-            self._failure_pending = None
-            self._stop_after_stacks(why, failure=True)
-            self._poke()
+        self._poke()
 
     def _on_error_file(self) -> None:
-        """A rank's @record wrote its error file: note when (watcher/errorwatch.py).
-
-        The file stops nothing: only a rank's exit does. If that rank then fails by
-        itself, its failure counts as of this moment (it is the cause even if a rank
-        it took down exits first: see _failed); if it exits 0, or the gang stop ends
-        it, the file is forgotten (a rank may write a sibling's file: same uid)."""
+        """A rank's @record wrote its error file: it stops nothing (watcher/errorwatch.py)."""
         assert self._written is not None and self._errors is not None
-        for rank in self._written.new_errors(self._errors, self.ranks, self.attempt):
-            rank.error_at = self.clock()
+        self._written.note(self._errors, self.ranks, self.attempt, self.clock())
 
     def _stop_after_stacks(self, why: str, failure: bool = False) -> None:
         """--hang-timeout, --dump-stacks: the live ranks' stacks first, then the gang stop."""
@@ -448,10 +429,9 @@ class Watcher(EventLoop):
         task = self._aio.create_task(self.hang.take(self.ranks, why))
         task.add_done_callback(lambda _: self._request_stop_now())
 
-    def _request_stop_now(self, attempt: int | None = None) -> None:
-        if attempt is None or attempt == self.attempt:  # not a timer of an earlier attempt
-            self._begin_stop()
-            self._poke()
+    def _request_stop_now(self) -> None:
+        self._begin_stop()
+        self._poke()
 
     # -- the other nodes (multi-node jobs) ------------------------------
 
