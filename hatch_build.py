@@ -29,12 +29,10 @@ def generate(out: Path, root: str) -> dict[str, Path]:
 
     sys.path.insert(0, root)
     try:
-        from gpulaunch import __version__
+        from gpulaunch import __version__, errors
         from gpulaunch.cli import build_parser
     finally:
         sys.path.remove(root)
-    from gpulaunch import errors
-
     texts = {
         "gpulaunch.bash": shtab.complete(_completing(build_parser(), shtab), shell="bash"),
         "_gpulaunch": shtab.complete(_completing(build_parser(), shtab), shell="zsh"),
