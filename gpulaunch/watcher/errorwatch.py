@@ -100,3 +100,11 @@ class ErrorFileWatch:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def tearing_down(ranks: Sequence[Rank]) -> bool:
+    """Whether a rank that wrote its error file still runs (most likely it tears down).
+
+    One node only: with several, each node's first failure goes to the others at once,
+    and every node must name the same cause (docs/multinode.md)."""
+    return any(r.state.alive and r.error_at is not None for r in ranks)

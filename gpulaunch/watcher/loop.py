@@ -37,7 +37,7 @@ from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.resources.final import UsageReader
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
-from gpulaunch.watcher.errorwatch import ErrorFileWatch
+from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
 from gpulaunch.watcher.eventloop import EventLoop
 from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.interrupts import NOTICES, pending
@@ -408,7 +408,7 @@ class Watcher(EventLoop):
         """A rank failed: the gang stop, once no rank that wrote its error file runs (--grace)."""
         if self.stop_issued or late_for not in (None, self.attempt):
             return
-        if late_for is None and any(r.state.alive and r.error_at is not None for r in self.ranks):
+        if late_for is None and self.nodes is None and tearing_down(self.ranks):
             if self._failure_pending is None:  # the true cause tearing down: let it fail itself
                 self._aio.call_later(self.spec.grace_sec, self._failed, why, self.attempt)
             self._failure_pending = why
