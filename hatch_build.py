@@ -29,14 +29,14 @@ def generate(out: Path, root: str) -> dict[str, Path]:
 
     sys.path.insert(0, root)
     try:
-        from gpulaunch import __version__
+        from gpulaunch import __version__, errors
         from gpulaunch.cli import build_parser
     finally:
         sys.path.remove(root)
     texts = {
-        "gpulaunch.bash": shtab.complete(build_parser(), shell="bash"),
-        "_gpulaunch": shtab.complete(build_parser(), shell="zsh"),
-        "gpulaunch.1": str(
+        "gpulaunch.bash": shtab.complete(_completing(build_parser(), shtab), shell="bash"),
+        "_gpulaunch": shtab.complete(_completing(build_parser(), shtab), shell="zsh"),
+        "gpulaunch.1": _with_exit_status(
             Manpage(
                 build_parser(),
                 {
@@ -48,7 +48,8 @@ def generate(out: Path, root: str) -> dict[str, Path]:
                     "description": "distributed PyTorch ranks supervised by systemd",
                     "url": "https://pypi.org/project/gpulaunch/",
                 },
-            )
+            ),
+            errors.__doc__ or "",
         ),
     }
     paths = {}
@@ -56,6 +57,46 @@ def generate(out: Path, root: str) -> dict[str, Path]:
         paths[name] = out / name
         paths[name].write_text(text)
     return paths
+
+
+# Job ids, for the JOB of status, stop, wait, signal, logs, stacks: running and ended jobs.
+JOB_IDS = (
+    r"""gpulaunch list --all --json 2>/dev/null | sed -n 's/^ *"job": "\(.*\)",\{0,1\}$/\1/p'"""
+)
+
+
+def _completing(parser: Any, shtab: Any) -> Any:
+    """`parser` with shtab's completers: the script and paths complete as files and
+    directories, a JOB as the ids `gpulaunch list --all` knows."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _completing(sub, shtab)
+        elif action.dest in ("script", "args", "machine_root"):
+            action.complete = shtab.FILE
+        elif action.dest in ("log_dir", "units_dir", "root"):
+            action.complete = shtab.DIRECTORY
+        elif action.dest == "job" and not action.option_strings:
+            action.complete = shtab.cmd(JOB_IDS)
+    return parser
+
+
+def _with_exit_status(page: Any, table: str) -> str:
+    """The man page with an EXIT STATUS section: gpulaunch/errors.py's table."""
+    import re
+
+    rows: list[list[str]] = []
+    for line in table.partition("Exit codes:\n")[2].splitlines():
+        row = re.match(r"^  (\S+)\s+(.*)$", line)
+        if row:
+            rows.append([row[1], row[2]])
+        elif line.strip() and rows:
+            rows[-1][1] += " " + line.strip()
+    roff = "".join(f".TP\n.B {code}\n{text.replace(chr(92), chr(92) * 2)}\n" for code, text in rows)
+    page.add_section("exit status", "=", roff.rstrip("\n"))
+    return str(page)
 
 
 class GeneratedFilesHook(BuildHookInterface):  # type: ignore[type-arg]

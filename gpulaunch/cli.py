@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from gpulaunch import __version__
 from gpulaunch.debug.options import HangOptions, add_hang_options
 from gpulaunch.errors import GpulaunchError, UsageError
+from gpulaunch.frontend.argv import unpack_argv
 from gpulaunch.options import (
     add_manager_options,
     add_output_options,
@@ -25,6 +26,7 @@ from gpulaunch.options import (
     output_options,
     start_options,
 )
+from gpulaunch.plan.argtext import not_utf8, printable
 
 INTERNAL_ERROR = 70
 
@@ -108,13 +110,13 @@ def _add_job_commands(sub: Any) -> None:
     )
     p.add_argument("job", metavar="JOB")
     p.add_argument("signal", type=_notice, metavar="SIG", help="USR1 or USR2 (SIGUSR1, 10, ...)")
-    p.add_argument("--rank", type=int, metavar="N", help="only this (global) rank")
+    p.add_argument("--rank", type=_rank_number, metavar="N", help="only this (global) rank")
     add_manager_options(p, user_of=True)
     p.set_defaults(func=_command("jobapi.commands", "cmd_signal"))
 
     p = sub.add_parser("logs", help="show a job's rank output from the journal")
     p.add_argument("job", help="the job id")
-    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
+    p.add_argument("--rank", type=_rank_number, metavar="N", help="only this rank")
     p.add_argument(
         "-f",
         "--follow",
@@ -141,6 +143,19 @@ def _notice(text: str) -> int:
     raise argparse.ArgumentTypeError(
         f"{text!r} is not a notice: USR1 or USR2 (stop a job with 'gpulaunch stop')"
     )
+
+
+def _rank_number(text: str) -> int:
+    """A (global) rank: 0 to 2**31-1 (an int32, in torch and on D-Bus)."""
+    from gpulaunch.plan.bounds import MAX_RANK
+
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rank number: {text!r}") from None
+    if not 0 <= number <= MAX_RANK:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_RANK}, not {text}")
+    return number
 
 
 def _interval(text: str) -> float:
@@ -194,7 +209,7 @@ def _add_system_commands(sub: Any) -> None:
 
     p = sub.add_parser("stacks", help="every running rank's Python stacks, all threads (py-spy)")
     p.add_argument("job", metavar="JOB")
-    p.add_argument("--rank", type=int, metavar="N", help="only this rank")
+    p.add_argument("--rank", type=_rank_number, metavar="N", help="only this rank")
     p.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy --native)")
     add_manager_options(p)
     p.set_defaults(func=_command("debug.command", "cmd_stacks"))
@@ -268,13 +283,38 @@ def cmd_start(args: argparse.Namespace) -> int:
     )
 
 
+# The script and its arguments may be any bytes (gpulaunch/plan/argtext.py); `argv` is ours.
+_ANY_BYTES = frozenset({"script", "args", "argv"})
+
+
+def _check_text(args: argparse.Namespace) -> None:
+    """Every other value on the command line must be UTF-8: it goes to D-Bus, the journal."""
+    for dest, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        for one in values:
+            if dest not in _ANY_BYTES and isinstance(one, (str, Path)) and not_utf8(str(one)):
+                what = "job id" if dest == "job" else f"value of {dest.replace('_', '-')}"
+                raise UsageError(
+                    f"the {what} is not valid UTF-8: {printable(str(one))}",
+                    "only the script and its arguments may be other bytes",
+                )
+
+
+def _one_line(text: str) -> str:
+    """An error stays one line whatever the user typed: control characters as escapes."""
+    text = printable(text)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
     debug = False  # a bad command line is never worth a traceback
     try:
+        argv = unpack_argv(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
         debug = bool(args.debug)
-        args.argv = list(sys.argv[1:] if argv is None else argv)
+        _check_text(args)
+        args.argv = list(argv)
         if "manager" in args:  # --system/--user, or the default for who runs it
             args.manager = default_manager(args.manager)
         if getattr(args, "user_of", None) is not None:  # root, about a user's jobs
@@ -293,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if debug:
             traceback.print_exc()
         hint = f"; {exc.hint}" if exc.hint else ""
-        print(f"gpulaunch: error: {exc.message}{hint}", file=sys.stderr)
+        print(_one_line(f"gpulaunch: error: {exc.message}{hint}"), file=sys.stderr)
         code = exc.exit_code
     except Exception as exc:  # a bug: say so in one line, traceback with --debug
         if debug:

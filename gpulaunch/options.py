@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
 from gpulaunch.model import Manager, SupervisorKind
 from gpulaunch.multinode.options import NodeOptions
+from gpulaunch.numberlist import parse_number_list
+from gpulaunch.plan.bounds import MAX_NNODES, MAX_NPROC, MAX_RESTARTS
 from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
@@ -71,9 +74,27 @@ def _nproc(text: str) -> int | str:
     if text in ("gpu", "cpu", "auto"):
         return text
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number, gpu, cpu or auto: {text!r}") from None
+    if not 1 <= number <= MAX_NPROC:  # refused before anything is planned (plan/bounds.py)
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_NPROC}, not {text}")
+    return number
+
+
+def _count(least: int, most: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `least` to `most`."""
+
+    def count(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not least <= number <= most:
+            raise argparse.ArgumentTypeError(f"must be between {least} and {most}, not {text}")
+        return number
+
+    return count
 
 
 # torchrun options gpulaunch does not take, and what to do instead.
@@ -154,7 +175,7 @@ def add_torchrun_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-restarts",
         "--max_restarts",
-        type=int,
+        type=_count(0, MAX_RESTARTS),
         default=0,
         metavar="N",
         help="restart all ranks up to N times after a failure (default: 0)",
@@ -171,7 +192,7 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--node-rank",
         "--node_rank",
-        type=int,
+        type=_count(0, MAX_NNODES - 1),
         metavar="R",
         help="this node's rank, static rendezvous (default: 0, or SLURM_NODEID)",
     )
@@ -287,7 +308,7 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
     """GPUs and CPUs per rank (gpulaunch/plan/placement.py)."""
     p.add_argument(
         "--cpus-per-rank",
-        type=int,
+        type=_count(1, 1 << 20),
         metavar="N",
         help="give each rank N CPUs of its own (AllowedCPUs=), whole cores first",
     )
@@ -314,13 +335,17 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
 
 def _rank_set(text: str) -> frozenset[int]:
     try:
+        parse_number_list(text, "rank", skip_empty=True, most=MAX_NPROC - 1)  # not 0-99999999
         return parse_ranks(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0 or 0,3 or 0-3") from None
 
 
 def _log_dir(text: str) -> Path:
-    problem = log_dir_problem(Path(text))
+    try:
+        problem = log_dir_problem(Path(text))
+    except OSError as exc:  # a name too long (ENAMETOOLONG), a loop of links, ...
+        problem = f"{text}: {exc.strerror}"
     if problem:
         raise argparse.ArgumentTypeError(f"{problem}; {LOG_DIR_HINT}")
     return Path(text)

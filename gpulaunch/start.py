@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 from gpulaunch.debug.options import HangOptions
-from gpulaunch.errors import NoSystemdError
+from gpulaunch.errors import NoSystemdError, UsageError
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
@@ -36,8 +36,19 @@ from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
     """The job and its units, decided before anything starts (bad input fails here)."""
-    spec = make_spec(opts, default_environment(), os.getcwd(), layout=layout)
+    spec = make_spec(opts, default_environment(), working_directory(), layout=layout)
     return spec, render_units(spec, Templates(opts.units_dirs))
+
+
+def working_directory() -> str:
+    """The directory the ranks start in: ours, which must still exist."""
+    try:
+        return os.getcwd()
+    except OSError as exc:  # deleted (ENOENT), or no longer reachable (EACCES)
+        raise UsageError(
+            f"cannot start in this working directory: {exc.strerror} (was it deleted?)",
+            "cd to a directory that exists and start again",
+        ) from None
 
 
 def render(opts: StartOptions) -> int:
@@ -64,6 +75,13 @@ def start(
     which runs it again as a service of the user manager where that manager cannot
     adopt us (`frontend_child` there).
     """
+    from gpulaunch.watcher.errorfile import runtime_base, runtime_dir
+
+    runtime_dir(runtime_base(opts.manager))  # where error files go: one line now if unusable
+    if isinstance(opts.nproc, int):  # too many ranks for the open-file limit: at once (exit 2)
+        from gpulaunch.watcher.limits import check_job_fits
+
+        check_job_fits(opts.nproc, log_dir=view.log_dir is not None)
     if opts.manager is Manager.USER and systemd_wanted(opts.supervisor, os.environ):
         from gpulaunch.frontend.need import needs_frontend
         from gpulaunch.frontend.userbus import ensure_user_bus
@@ -84,7 +102,6 @@ def start(
     from gpulaunch.logs.pump import journal_reachable
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.choose import open_supervisor
-    from gpulaunch.watcher.errorfile import runtime_base
     from gpulaunch.watcher.hangwatch import HangWatch
     from gpulaunch.watcher.limits import check_job_fits
     from gpulaunch.watcher.loop import Watcher

@@ -17,14 +17,19 @@ class HangOptions:
     dump_stacks: bool = False
 
 
+HANG_TIMEOUT_MIN = 1.0  # less is no hang: a rank is silent that long between two lines
+
+
 def _timeout(text: str) -> float:
-    """A positive, finite number of seconds."""
+    """A finite number of seconds, at least HANG_TIMEOUT_MIN."""
     try:
         seconds = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < seconds < 1e9:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds and finite, not {text!r}")
+    if not HANG_TIMEOUT_MIN <= seconds < 1e9:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {HANG_TIMEOUT_MIN:g} second and finite, not {text!r}"
+        )
     return seconds
 
 

@@ -227,7 +227,7 @@ class _FrontEnd:
         props = service_properties(
             names=self.spec.names,
             argv=self.argv,
-            cwd=os.getcwd(),
+            cwd=self.spec.cwd,  # start.working_directory(): checked
             env=env,
             grace_sec=self.spec.grace_sec,
             frontend_name=self.name,

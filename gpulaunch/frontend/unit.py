@@ -23,6 +23,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulaunch.frontend.argv import pack_argv
 from gpulaunch.units.names import PREFIX, ROOT_SLICE, UnitNames
 
 UNIT_PATH_PREFIX = "/org/freedesktop/systemd1/unit/"
@@ -68,7 +69,8 @@ def watcher_argv(python: str, argv: Sequence[str], job: str) -> list[str]:
     job id the front end chose (a default id has a random part)."""
     args = list(argv)
     at = args.index("start") + 1
-    return [python, "-m", "gpulaunch", *args[:at], "--frontend-child", "--job", job, *args[at:]]
+    head = [python, "-m", "gpulaunch", *args[:at], "--frontend-child", "--job", job]
+    return head + pack_argv(args[at:])  # frontend/argv.py: any bytes, through D-Bus
 
 
 def environment(environ: Mapping[str, str]) -> tuple[list[str], list[str]]:

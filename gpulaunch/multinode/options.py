@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from gpulaunch.errors import UsageError
 from gpulaunch.multinode.protocol import Backend, NodeConfig
 from gpulaunch.multinode.slurm import slurm_job_name, slurm_step
+from gpulaunch.plan.bounds import MAX_NNODES
 
 STATIC_PORT = 29500  # torchrun's --master-port default
 C10D_PORT = 29400  # torch's default port of a c10d rendezvous endpoint
@@ -63,8 +64,10 @@ def parse_nnodes(text: str) -> int:
             f"--nnodes {text}: elastic node ranges are not supported",
             "give the number of nodes, e.g. --nnodes 4",
         )
-    if numbers[0] < 1:
-        raise UsageError(f"--nnodes must be at least 1, not {numbers[0]}", "e.g. --nnodes 4")
+    if not 1 <= numbers[0] <= MAX_NNODES:
+        raise UsageError(
+            f"--nnodes must be between 1 and {MAX_NNODES}, not {numbers[0]}", "e.g. --nnodes 4"
+        )
     return numbers[0]
 
 

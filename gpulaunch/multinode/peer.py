@@ -79,6 +79,19 @@ def check_own_name(host: str) -> None:
         ) from None
 
 
+def check_endpoint(endpoint: str) -> None:
+    """Fail at once where torch's store would retry until its timeout: a name that does
+    not resolve (a typo in --master-addr or --rdzv-endpoint)."""
+    host = endpoint.rsplit(":", 1)[0].strip("[]")
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as exc:
+        raise UnresolvableHost(
+            f"the rendezvous address {host!r} does not resolve to an address ({exc.strerror}); "
+            "give every node the same address of the node that serves it"
+        ) from None
+
+
 class Peer:
     def __init__(self, config: NodeConfig, link: socket.socket) -> None:
         self.config = config
@@ -303,6 +316,7 @@ def main() -> int:
     try:
         if config.backend is Backend.C10D and not config.local_addr:
             check_own_name(peer.host)
+        check_endpoint(config.endpoint)
         peer.layout = peer.rendezvous()
     except UnresolvableHost as exc:
         peer.send(Event.ERROR, message=str(exc))

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from gpulaunch.errors import UsageError
 from gpulaunch.numberlist import parse_number_list
+from gpulaunch.plan.bounds import MAX_GPU
 from gpulaunch.plan.topology import SYSFS, normalize_pci_address, pci_numa_node
 
 NVIDIA_MAJOR = 195  # the NVIDIA driver's character major (Documentation/admin-guide/devices.txt)
@@ -213,7 +214,7 @@ def visible_pool(gpus: Sequence[Gpu], cuda_visible_devices: str | None) -> tuple
 def parse_gpu_list(text: str) -> tuple[int, ...]:
     """`--gpus`: "0,2,3" or "0-3" (positions in the pool), in the order given."""
     out: list[int] = []
-    for index in parse_number_list(text, "GPU number"):
+    for index in parse_number_list(text, "GPU number", most=MAX_GPU):
         if index in out:
             raise ValueError(f"GPU {index} is named twice")
         out.append(index)

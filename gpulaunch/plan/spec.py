@@ -7,12 +7,14 @@ a missing script or a bad template fails here and leaves nothing behind.
 from __future__ import annotations
 
 import enum
+import errno
 import importlib.util
 import os
 import re
 import secrets
 import shutil
 import socket
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -234,18 +236,44 @@ def check_target(launch: Launch, target: str, cwd: str, env: Mapping[str, str]) 
     if launch is Launch.MODULE:
         return
     if launch is Launch.NO_PYTHON:
-        if shutil.which(target, path=env.get("PATH", os.defpath)) is None and not (
-            "/" in target and os.access(Path(cwd, target), os.X_OK)
-        ):
+        if "/" in target:
+            _check_program(Path(cwd, target), target)
+        elif shutil.which(target, path=env.get("PATH", os.defpath)) is None:
             raise UsageError(
-                f"program {target} not found (--no-python runs it directly)",
+                f"program {target} not found on PATH (--no-python runs it directly)",
                 "give a program on PATH or the path of an executable",
             )
         return
     script = Path(cwd, target)
+    try:
+        os.stat(script)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # a name too long, a loop, ...
+            raise UsageError(
+                f"script {target}: {exc.strerror}", "give the path of a Python script"
+            ) from None
     if not script.is_file():
         what = "is a directory" if script.is_dir() else "does not exist"
         raise UsageError(f"script {target} {what}", "give the path of a Python script")
+
+
+def _check_program(path: Path, target: str) -> None:
+    """--no-python with a path: an executable file (not "not found" for a mode-644 one)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        what = "not found" if exc.errno in (errno.ENOENT, errno.ENOTDIR) else exc.strerror
+        raise UsageError(
+            f"program {target}: {what} (--no-python runs it directly)",
+            "give a program on PATH or the path of an executable",
+        ) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"program {target} is a directory", "give the path of an executable")
+    if not os.access(path, os.X_OK):
+        raise UsageError(
+            f"program {target} is not executable (--no-python runs it directly)",
+            f"chmod +x {target}, or leave out --no-python to run a Python script",
+        )
 
 
 def resolve_nproc(

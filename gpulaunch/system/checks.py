@@ -169,12 +169,12 @@ def user_jobs(machine: Machine) -> Iterable[Finding]:
     runtime = machine.env.get("XDG_RUNTIME_DIR")
     if runtime and machine.path(runtime).is_dir():
         yield Finding("user jobs", "XDG_RUNTIME_DIR", Status.OK, runtime)
-    else:
+    else:  # start finds the bus at /run/user/UID, or runs under the direct supervisor
         yield Finding(
             "user jobs",
             "XDG_RUNTIME_DIR",
-            Status.FAIL,
-            f"{runtime or 'not set'}: the user manager and its bus cannot be found",
+            Status.WARN,
+            f"{runtime or 'not set'}: the user manager is looked for at its default place only",
             "log in through a session that starts user@$UID.service (ssh, machinectl shell)",
         )
     user = machine.user
@@ -415,12 +415,32 @@ def nvidia(machine: Machine) -> Iterable[Finding]:
     yield Finding("gpu", "GPUs", Status.OK, f"{len(gpus)}: {listed}")
 
 
+def runtime_files(machine: Machine) -> Iterable[Finding]:
+    """Where a job's error files go (watcher/errorfile.py): start refuses (69) if unusable."""
+    if machine.root != Path("/"):
+        return  # a fake tree: the real environment's directory says nothing about it
+    from gpulaunch.errors import GpulaunchError
+    from gpulaunch.watcher.errorfile import runtime_base, runtime_dir_problem
+
+    try:
+        parent = runtime_base(machine.manager) / "gpulaunch"
+    except GpulaunchError as exc:
+        yield Finding("runtime", "error files", Status.FAIL, exc.message, exc.hint or "")
+        return
+    problem = runtime_dir_problem(parent)
+    if problem is None:
+        yield Finding("runtime", "error files", Status.OK, str(parent))
+    else:
+        fix = f"remove it (rm -r {parent}) or set XDG_RUNTIME_DIR to a directory of your own"
+        yield Finding("runtime", "error files", Status.FAIL, problem, fix)
+
+
 def run_all(machine: Machine) -> list[Finding]:
     """Every check, in the table's order."""
     order = [machine.manager, *(m for m in Manager if m is not machine.manager)]
     problems = {m: manager_problem(m) for m in order}
     verdicts = [probe(machine, problems[machine.manager]) for probe in SUPERVISORS]
     found: list[Finding] = [*supervisors(machine, verdicts), *managers(machine, problems)]
-    for check in (user_jobs, bus_policy, journald, cgroups, fd_limits, nvidia):
+    for check in (user_jobs, runtime_files, bus_policy, journald, cgroups, fd_limits, nvidia):
         found.extend(check(machine))
     return found

@@ -18,14 +18,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
+import stat
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulaunch.errors import AccessDeniedError, GpulaunchError, SystemdError, UsageError
+from gpulaunch.errors import (
+    AccessDeniedError,
+    GpulaunchError,
+    SystemdError,
+    UnavailableError,
+    UsageError,
+)
 from gpulaunch.system.files import ALL, BUS_POLICY, JOURNALD_DROP_IN, SystemFile
 
 JOURNALD = "systemd-journald.service"
@@ -45,14 +53,20 @@ class Change:
 def install(file: SystemFile, root: Path) -> Change:
     """Put the shipped file in place (atomically), unless it is there already."""
     target = file.at(root)
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
     if file.installed(root):
         return Change("unchanged", target)
     what = "updated" if target.exists() else "installed"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.gpulaunch-tmp")
-    tmp.write_bytes(file.source.read_bytes())
-    tmp.chmod(0o644)
-    os.replace(tmp, target)
+    try:
+        tmp.write_bytes(file.source.read_bytes())
+        tmp.chmod(0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing left behind
+        raise
     return Change(what, target)
 
 
@@ -64,6 +78,22 @@ def uninstall(file: SystemFile, root: Path) -> Change:
     except FileNotFoundError:
         return Change("absent", target)
     return Change("removed", target)
+
+
+def _apply(act: Callable[[SystemFile, Path], Change], file: SystemFile, args: Any) -> Change:
+    """`act` on one file; what is in the way (a directory, a file where a directory
+    goes, /proc, a read-only file system) is one line: exit 2 under --root, else 69."""
+    root: Path = args.root or Path("/")
+    try:
+        return act(file, root)
+    except OSError as exc:
+        path = exc.filename or file.at(root)
+        what = f"cannot {'remove' if args.uninstall else 'install'} {file.at(root)}"
+        reason = f"{path}: {exc.strerror}" if str(path) != str(file.at(root)) else exc.strerror
+        hint = "move what is in the way, or choose another --root"
+        if args.root is not None:
+            raise UsageError(f"{what}: {reason}", hint) from None
+        raise UnavailableError(f"{what}: {reason}", "move what is in the way") from None
 
 
 def reload_bus_config() -> str:
@@ -116,6 +146,17 @@ def chosen(args: argparse.Namespace) -> Sequence[SystemFile]:
     return (BUS_POLICY, JOURNALD_DROP_IN) if args.journald else (BUS_POLICY,)
 
 
+def _check_root(root: Path) -> None:
+    """--root is a directory (else one line, exit 2)."""
+    try:
+        st = root.stat()
+    except OSError as exc:
+        what = "does not exist" if exc.errno == errno.ENOENT else exc.strerror
+        raise UsageError(f"--root {root}: {what}", "give a directory to install under") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"--root {root} is not a directory", "give a directory to install under")
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
     root: Path = args.root or Path("/")
     on_machine = args.root is None
@@ -127,8 +168,10 @@ def cmd_setup(args: argparse.Namespace) -> int:
         raise AccessDeniedError(
             "gpulaunch setup writes into /etc", "run it as root: sudo gpulaunch setup"
         )
+    if args.root is not None:
+        _check_root(root)
     act = uninstall if args.uninstall else install
-    changes = {file: act(file, root) for file in chosen(args)}
+    changes = {file: _apply(act, file, args) for file in chosen(args)}
     for change in changes.values():
         print(change.line(), flush=True)
     changed = {file for file, c in changes.items() if c.what not in ("unchanged", "absent")}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpulaunch.model import JobSpec, RankSpec
+from gpulaunch.plan.argtext import printable
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.templates import Templates
 from gpulaunch.units.variables import JobVars, RankVars
@@ -25,10 +26,10 @@ def job_vars(spec: JobSpec, unit: str) -> JobVars:
         world_size=spec.world_size,
         nproc=spec.nproc,
         grace_sec=spec.grace_sec,
-        argv=spec.argv,
+        argv=tuple(printable(arg) for arg in spec.argv),  # as shown: the ranks get the bytes
         memory_max=spec.memory_max,
         job_memory_max=spec.job_memory_max,
-        description=" ".join(spec.command),
+        description=printable(" ".join(spec.command)),
     )
 
 

@@ -48,6 +48,7 @@ line that writes the setting (the hint gives the line in the rendered text).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import types
@@ -86,6 +87,11 @@ def user_dir(environ: Mapping[str, str]) -> Path:
 
 def units_dir_problem(path: Path) -> str | None:
     """Why `--units-dir path` cannot be searched for templates, or None."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # a name too long, a loop, ...
+            return f"{path}: {exc.strerror}"
     if not path.is_dir():
         return f"{path} {'is not a directory' if path.exists() else 'does not exist'}"
     if not os.access(path, os.R_OK | os.X_OK):

@@ -48,12 +48,52 @@ def runtime_base(manager: Manager) -> Path:
     return private
 
 
+def runtime_dir(base: Path) -> Path:
+    """`base`/gpulaunch, made if missing: a directory of ours we can write (not a link).
+
+    Checked before anything starts (start.py), so that a bad one is one line, exit 69.
+    """
+    parent = base / "gpulaunch"
+    try:
+        parent.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UnavailableError(f"cannot create {parent}: {exc.strerror}", _hint(parent)) from None
+    problem = runtime_dir_problem(parent)
+    if problem:
+        raise UnavailableError(problem, _hint(parent))
+    return parent
+
+
+def _hint(parent: Path) -> str:
+    return f"remove it (rm -r {parent}) or set XDG_RUNTIME_DIR to a directory of your own"
+
+
+def runtime_dir_problem(parent: Path) -> str | None:
+    """Why `parent` (<base>/gpulaunch) cannot hold our error files, or None (also `doctor`)."""
+    try:
+        st = parent.lstat()
+    except FileNotFoundError:  # made when a job starts: its parent must take it
+        if os.access(parent.parent, os.W_OK | os.X_OK):
+            return None
+        return f"cannot create {parent}: {parent.parent} is not writable"
+    except OSError as exc:
+        return f"{parent}: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{parent} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a directory'}"
+    if st.st_uid != os.geteuid():
+        return f"{parent} belongs to uid {st.st_uid}, not to you"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot write to {parent} (its mode is {st.st_mode & 0o7777:o})"
+    return None
+
+
 class ErrorFiles:
     """A private directory with one error-file path per attempt and rank."""
 
     def __init__(self, base: Path, component: str) -> None:
-        parent = base / "gpulaunch"
-        parent.mkdir(mode=0o755, exist_ok=True)
+        parent = runtime_dir(base)
         self.root = Path(tempfile.mkdtemp(prefix=f"{component[:100]}.", dir=parent))
 
     def __enter__(self) -> ErrorFiles:

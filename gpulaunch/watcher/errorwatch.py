@@ -2,11 +2,13 @@
 
 torch's `@record` writes the failing entry point's exception to
 $TORCHELASTIC_ERROR_FILE and re-raises; the interpreter then prints the
-traceback and tears down (torch, CUDA), which takes a second or more while the
-other ranks wait in a collective. The error file is the earliest sign of the
-failure, so the watcher stops the other ranks when it is written (closed after
-writing, or renamed into place), and still waits for the failing rank's own
-exit status. inotify(7): one fd on the watcher's loop, no polling.
+traceback and tears down (torch, CUDA), which takes a second or more, during
+which a rank it took down may fail and exit first. The moment of the write is
+the failure's true time: the watcher notes it (`Rank.error_at`) and, if that
+rank then fails by itself, takes its failure as of then. The file alone stops
+nothing and blames nobody: a rank may catch the exception and exit 0, and any
+rank can write a sibling's file (same uid). inotify(7): one fd on the
+watcher's loop, no polling.
 """
 
 from __future__ import annotations
@@ -86,15 +88,23 @@ class ErrorFileWatch:
                 found.append(rank)
         return found
 
+    def note(self, files: ErrorFiles, ranks: Sequence[Rank], attempt: int, now: float) -> None:
+        """Date the failure of each rank that wrote its error file just now (`error_at`).
+
+        If that rank then fails by itself, its failure counts as of then: it is the cause
+        even if a rank it took down exits first (the watcher's `_failed` waits for it)."""
+        for rank in self.new_errors(files, ranks, attempt):
+            rank.error_at = now
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
 
-def stop_others(ranks: Sequence[Rank]) -> list[int]:
-    """Mark every live rank that wrote no error file as stopped by the watcher; their indices."""
-    others = [i for i, r in enumerate(ranks) if r.state.alive and r.error_at is None]
-    for index in others:
-        ranks[index].stop_requested = True
-    return others
+def tearing_down(ranks: Sequence[Rank]) -> bool:
+    """Whether a rank that wrote its error file still runs (most likely it tears down).
+
+    One node only: with several, each node's first failure goes to the others at once,
+    and every node must name the same cause (docs/multinode.md)."""
+    return any(r.state.alive and r.error_at is not None for r in ranks)

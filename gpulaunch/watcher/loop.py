@@ -38,7 +38,7 @@ from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.resources.final import UsageReader
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
-from gpulaunch.watcher.errorwatch import ErrorFileWatch, stop_others
+from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
 from gpulaunch.watcher.eventloop import EventLoop
 from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.interrupts import NOTICES, pending
@@ -94,6 +94,7 @@ class Watcher(EventLoop):
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
         self._errors: ErrorFiles | None = None
         self._written: ErrorFileWatch | None = None  # inotify: a rank's @record wrote its file
+        self._failure_pending: str | None = None  # a rank failed; see _failed
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
         self.usage = UsageReader(spec)  # what each rank used, read as it ends
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
@@ -163,6 +164,7 @@ class Watcher(EventLoop):
         )
         self.ranks = [Rank(spec=r) for r in self.spec.ranks]
         self.stop_issued = False
+        self._failure_pending = None
         self._settle = Settle(self.spec.grace_sec)
         self._all_forked = False
         self._set_phase(Phase.STARTING)
@@ -391,7 +393,7 @@ class Watcher(EventLoop):
             code=status.code,
             signal=status.signal,
             stopped_by_watcher=rank.stop_requested,
-            observed_at=now if rank.error_at is None else rank.error_at,  # see _on_error_file
+            observed_at=now if rank.error_at is None or rank.stop_requested else rank.error_at,
             runtime=now - rank.born_at,
             core_dumped=status.core_dumped,
             usage=used,
@@ -403,17 +405,26 @@ class Watcher(EventLoop):
                 error, source = self._rank_error(rank.spec.rank)
                 what = f"rank {rank.spec.rank} {rank.exit.describe()}"
                 self.nodes.offer(what, rank.exit.status, rank.spec.rank, error, source)
-            self._stop_after_stacks(f"rank {rank.spec.rank} {rank.exit.describe()}", failure=True)
+            self._failed(f"rank {rank.spec.rank} {rank.exit.describe()}")
+        elif self._failure_pending is not None:
+            self._failed(self._failure_pending)
+
+    def _failed(self, why: str, late_for: int | None = None) -> None:
+        """A rank failed: the gang stop, once no rank that wrote its error file runs (--grace)."""
+        if self.stop_issued or late_for not in (None, self.attempt):
+            return
+        if late_for is None and self.nodes is None and tearing_down(self.ranks):
+            if self._failure_pending is None:  # the true cause tearing down: let it fail itself
+                self._aio.call_later(self.spec.grace_sec, self._failed, why, self.attempt)
+            self._failure_pending = why
+            return
+        self._stop_after_stacks(why, failure=True)
+        self._poke()
 
     def _on_error_file(self) -> None:
-        """A rank's @record wrote its error file: stop the others now (watcher/errorwatch.py)."""
+        """A rank's @record wrote its error file: it stops nothing (watcher/errorwatch.py)."""
         assert self._written is not None and self._errors is not None
-        for rank in self._written.new_errors(self._errors, self.ranks, self.attempt):
-            rank.error_at = self.clock()  # it is the cause, observed now: see _on_exit
-            if self.nodes is None:  # several nodes: the others learn it at its exit, as before
-                self._set_phase(Phase.STOPPING)
-                self.supervisor.stop_ranks(stop_others(self.ranks))
-                self._aio.call_later(self.spec.grace_sec, self._request_stop_now, self.attempt)
+        self._written.note(self._errors, self.ranks, self.attempt, self.clock())
 
     def _stop_after_stacks(self, why: str, failure: bool = False) -> None:
         """--hang-timeout, --dump-stacks: the live ranks' stacks first, then the gang stop."""
@@ -423,10 +434,9 @@ class Watcher(EventLoop):
         task = self._aio.create_task(self.hang.take(self.ranks, why))
         task.add_done_callback(lambda _: self._request_stop_now())
 
-    def _request_stop_now(self, attempt: int | None = None) -> None:
-        if attempt is None or attempt == self.attempt:  # not a timer of an earlier attempt
-            self._begin_stop()
-            self._poke()
+    def _request_stop_now(self) -> None:
+        self._begin_stop()
+        self._poke()
 
     # -- the other nodes (multi-node jobs) ------------------------------
 
@@ -450,8 +460,8 @@ class Watcher(EventLoop):
         self.stop_issued = True
         self._set_phase(Phase.STOPPING)
         for rank in self.ranks:
-            if rank.state.alive and rank.error_at is None:  # a rank that wrote its error
-                rank.stop_requested = True  # file is the cause, however it ends
+            if rank.state.alive:
+                rank.stop_requested = True
             if rank.state is RankState.HELD and rank.child is not None:
                 # Never ran user code: nothing to be graceful about.
                 for child in (rank.child, rank.pump):

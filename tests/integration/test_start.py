@@ -221,7 +221,7 @@ def test_second_job_with_the_same_name_is_refused(job: Job) -> None:
         (
             ["start", "--nproc", "0", "tests/integration/scripts/rank.py"],
             2,
-            "--nproc must be at least 1",
+            "--nproc/--nproc-per-node/--nproc_per_node: must be between 1 and 16384, not 0",
         ),
         (["start", "--grace", "soon", "x.py"], 2, "not a number of seconds"),
         (["start", "--bogus", "x.py"], 2, "unrecognized arguments: --bogus"),

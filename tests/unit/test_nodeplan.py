@@ -131,9 +131,9 @@ def test_parse_nnodes(text: str, nnodes: int) -> None:
         ("1:4", "--nnodes 1:4: elastic node ranges are not supported"),
         ("2:3", "--nnodes 2:3: elastic node ranges are not supported"),
         ("4:2", "--nnodes 4:2: elastic node ranges are not supported"),
-        ("0", "--nnodes must be at least 1, not 0"),
-        ("0:0", "--nnodes must be at least 1, not 0"),
-        ("-2", "--nnodes must be at least 1, not -2"),
+        ("0", "--nnodes must be between 1 and 65536, not 0"),
+        ("0:0", "--nnodes must be between 1 and 65536, not 0"),
+        ("-2", "--nnodes must be between 1 and 65536, not -2"),
         ("abc", "--nnodes must be a number of nodes, not 'abc'"),
         ("", "--nnodes must be a number of nodes, not ''"),
         ("2:x", "--nnodes must be a number of nodes, not '2:x'"),
@@ -403,7 +403,7 @@ def test_without_rdzv_id_the_run_id_is_the_job() -> None:
     ("kw", "message"),
     [
         ({"nnodes": "1:4"}, "--nnodes 1:4: elastic node ranges are not supported"),
-        ({"nnodes": "0"}, "--nnodes must be at least 1, not 0"),
+        ({"nnodes": "0"}, "--nnodes must be between 1 and 65536, not 0"),
         ({"nnodes": "abc"}, "--nnodes must be a number of nodes, not 'abc'"),
         (
             {"nnodes": "2", "rdzv_backend": "etcd", "rdzv_endpoint": "rdv:2379"},
@@ -788,7 +788,7 @@ def test_make_spec_passes_usage_errors_on(script: Path) -> None:
     ("argv", "message"),
     [
         (["--nnodes", "1:4"], "--nnodes 1:4: elastic node ranges are not supported"),
-        (["--nnodes", "0"], "--nnodes must be at least 1, not 0"),
+        (["--nnodes", "0"], "--nnodes must be between 1 and 65536, not 0"),
         (["--nnodes", "2", "--rdzv-backend", "etcd"], "--rdzv-backend etcd is not supported"),
         (["--nnodes", "2", "--rdzv_backend", "c10d"], "--rdzv-backend c10d needs"),
         (["--node-rank", "1"], "--node-rank 1 needs --nnodes greater than 1"),

@@ -286,7 +286,7 @@ def test_cli_placement_options(parse: Parse) -> None:
     [
         (["--gpus", "0,x"], "argument --gpus: 'x' is not a GPU number or range"),
         (["--cpu-bind", "socket"], "argument --cpu-bind: invalid choice: 'socket'"),
-        (["--cpus-per-rank", "two"], "argument --cpus-per-rank: invalid int value: 'two'"),
+        (["--cpus-per-rank", "two"], "argument --cpus-per-rank: not a whole number: 'two'"),
     ],
 )
 def test_cli_placement_errors(parse: Parse, argv: list[str], message: str) -> None:

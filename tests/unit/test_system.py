@@ -152,7 +152,7 @@ def test_bus_policy_and_user_jobs(tmp_path: Path) -> None:
     (unset,) = [
         f for f in checks.user_jobs(machine(tmp_path, Manager.USER)) if f.item == "XDG_RUNTIME_DIR"
     ]
-    assert unset.status is Status.FAIL
+    assert unset.status is Status.WARN  # start runs there (issue 22 item 8)
 
 
 def test_gpus_from_the_driver_tree(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 Every rank writes `<dir>/rank<N>.pid`; the others write `<dir>/rank<N>.ready` once they
 can record a SIGTERM, and `<dir>/rank<N>.term` (the wall-clock time) when it reaches them;
 the failing rank writes `<dir>/rank<N>.exit` (the time) at the very end of its teardown.
+With --catch it catches its exception (after @record wrote the error file) and exits 0.
 """
 
 import argparse
@@ -36,7 +37,7 @@ def train(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     stamp(args.dir, "ready")
-    time.sleep(120)
+    time.sleep(args.sleep)
 
 
 def main() -> None:
@@ -44,10 +45,16 @@ def main() -> None:
     p.add_argument("--dir", required=True)
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--catch", action="store_true", help="the failing rank catches it: exit 0")
+    p.add_argument("--sleep", type=float, default=120.0, help="how long the others run")
     args = p.parse_args()
     with open(os.path.join(args.dir, f"rank{os.environ['RANK']}.pid"), "w") as f:
         f.write(str(os.getpid()))
-    (train if args.no_record else record(train))(args)
+    try:
+        (train if args.no_record else record(train))(args)
+    except RuntimeError:
+        if not args.catch:
+            raise
 
 
 if __name__ == "__main__":
