@@ -1,7 +1,8 @@
 """The files the package ships for the system side, and where `gpulaunch setup` puts them.
 
-They live in `gpulaunch/data/` so that a wheel carries them: a user who installed
-gpulaunch with pip has no repository to copy them from.
+They live in the repository's top-level `packaging/`, which a wheel carries as package data
+(`gpulaunch.shipped`): a user who installed gpulaunch with pip has no repository to copy
+them from.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+from gpulaunch.shipped import packaging_dir
+
+DATA = packaging_dir()
 
 
 class Piece(enum.StrEnum):

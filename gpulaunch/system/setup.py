@@ -8,7 +8,7 @@ What it installs is optional: a job runs without it, with a warning naming this 
   with `--restart-journald` (a restart closes every service's log stream).
 
 No `gpulaunch.slice` defaults are installed: each job's slice is transient and carries
-its own settings (gpulaunch/units/templates/job.slice).
+its own settings (units/job.slice).
 
 Idempotent (a file that holds what the package ships is left alone), `--uninstall`
 removes what it installed, and every line it prints says what it changed.

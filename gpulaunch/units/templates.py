@@ -14,7 +14,8 @@ own, so an override directory may hold just `rank.scope`):
 3. `$XDG_CONFIG_HOME/gpulaunch/units/` (default `~/.config/gpulaunch/units/`), but
    never for root: `$HOME` and `$XDG_CONFIG_HOME` may name another user's directory
    (`sudo -E`), so root reads only the directories it names itself and `/etc`;
-4. the built-in templates, `gpulaunch/units/templates/` (package data).
+4. the built-in templates, the repository's top-level `units/` (package data in a wheel,
+   `gpulaunch.shipped`).
 
 Trust. Templates are rendered in jinja2's sandbox (`ImmutableSandboxedEnvironment`):
 no attributes starting with `_`, no calls to unsafe functions, no changes to the
@@ -57,6 +58,7 @@ from pathlib import Path
 import jinja2
 import jinja2.sandbox
 
+from gpulaunch import shipped
 from gpulaunch.errors import TemplateError, UnitFileError
 from gpulaunch.units.codec import parse_unit
 from gpulaunch.units.definitions import UnitDefinition
@@ -71,8 +73,8 @@ _CONTEXT_HINT = context_hint()
 
 
 def builtin_dir() -> Path:
-    """The templates shipped with gpulaunch: `gpulaunch/units/templates/`, package data."""
-    return Path(__file__).parent / "templates"
+    """The templates shipped with gpulaunch: top-level `units/`, package data in a wheel."""
+    return shipped.units_dir()
 
 
 def user_dir(environ: Mapping[str, str]) -> Path:
