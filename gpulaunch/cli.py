@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_render(args: argparse.Namespace) -> int:
     from gpulaunch.start import render
 
-    return render(start_options(args))
+    return render(start_options(args), args.argv)
 
 
 def cmd_start(args: argparse.Namespace) -> int:

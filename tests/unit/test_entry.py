@@ -60,7 +60,9 @@ def test_a_reader_that_goes_away_is_quiet(tmp_path: Path) -> None:
     """`gpulaunch render ... | head -1`: no 'internal error', the status of a SIGPIPE."""
     (tmp_path / "train.py").write_text("print('training')\n")
     proc = subprocess.Popen(
-        [GPULAUNCH, "render", "--nproc", "64", "--job", "pipe", "train.py"],
+        # 512 ranks: far more text than a pipe holds (64 KiB), so the writer is still writing
+        # when the reader goes away, however fast it is
+        [GPULAUNCH, "render", "--nproc", "512", "--job", "pipe", "train.py"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -68,7 +70,7 @@ def test_a_reader_that_goes_away_is_quiet(tmp_path: Path) -> None:
     )
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith("# gpulaunch-pipe")
-    proc.stdout.close()  # the reader is gone: the rest of the 64 units' text cannot be written
+    proc.stdout.close()  # the reader is gone: the rest of the 512 units' text cannot be written
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141, err
     assert "internal error" not in err and "Traceback" not in err, err
