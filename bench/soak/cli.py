@@ -94,7 +94,7 @@ def _job_api_ready(kinds: tuple[Fault, ...]) -> str | None:
             "run `gpulaunch setup`, or leave gpulaunch-stop out with --only"
         )
     POLICY_DIRS[0].mkdir(parents=True, exist_ok=True)  # the box's /etc is its own
-    shutil.copy(REPO / "gpulaunch" / "data" / "dbus" / POLICY, POLICY_DIRS[0] / POLICY)
+    shutil.copy(REPO / "packaging" / "dbus" / POLICY, POLICY_DIRS[0] / POLICY)
     subprocess.run(["systemctl", "reload", "dbus"], check=True)
     return None
 
