@@ -159,7 +159,9 @@ def _add_system_commands(sub: Any) -> None:
         "setup",
         help="install the system side (root): the D-Bus policy; --journald: the log rate limit",
         description="Install what the system side of gpulaunch needs, from this package: "
-        "the D-Bus policy of the job API, and with --journald journald's rate-limit drop-in. "
+        "the D-Bus policy of the job API, gpulaunch.slice (settings for all jobs, none set) and "
+        "the tmpfiles.d entry of /run/gpulaunch, and with --journald journald's rate-limit "
+        "drop-in. "
         "Idempotent; --uninstall removes it all.",
     )
     p.add_argument(

@@ -129,7 +129,7 @@ def box(dist: Path) -> Iterator[Box]:
     policy or journald drop-in, whatever the host has.
     """
     with Box(binds=[dist]) as b:
-        run(b, "rm", "-f", POLICY, DROP_IN)
+        run(b, "rm", "-f", POLICY, DROP_IN, *(f.target for f in ALL))
         reload_bus(b)
         run(b, "python3", "-m", "venv", VENV)  # the system Python, as a user has
         run(
@@ -219,6 +219,11 @@ def test_a_pip_installed_gpulaunch_from_first_job_to_doctor(box: Box, dist: Path
     done = run(box, GL, "setup")
     assert f"gpulaunch setup: installed {POLICY}" in done.stdout, done.stdout
     assert "reloaded" in done.stdout
+    # gpulaunch.slice from packaging/, for the system manager (reloaded), and /run/gpulaunch
+    fragment = run(box, "systemctl", "show", "-P", "FragmentPath", "gpulaunch.slice").stdout
+    assert fragment.strip() == "/etc/systemd/system/gpulaunch.slice", done.stdout
+    assert "created /run/gpulaunch" in done.stdout, done.stdout
+    assert run(box, "stat", "-c", "%a %U", "/run/gpulaunch").stdout.split() == ["755", "root"]
     again = run(box, GL, "setup")
     assert f"unchanged {POLICY}" in again.stdout and "nothing to change" in again.stdout
 
