@@ -100,7 +100,9 @@ if ! has pystemd.dbuslib; then
         why="${why:+$why, }no Python.h (python3-dev)"
     ls "$WHEELS"/pystemd-*.tar.gz >/dev/null 2>&1 || why="${why:+$why, }no pystemd sdist in $WHEELS (run --prepare where the index is)"
     if [ -z "$why" ]; then
-        has setuptools || install_wheels setuptools wheel || true
+        # The carried setuptools, even where the machine has one: pystemd's pyproject.toml
+        # needs a recent one (a license string, PEP 639), older ones refuse it.
+        install_wheels --upgrade setuptools wheel || true
         has lxml || install_wheels lxml || true
         install_wheels "$WHEELS"/pystemd-*.tar.gz || why="its build failed: $(tail -n 1 "$NOTES.pip")"
         has pystemd.dbuslib || why=${why:-"it does not import: $("$PY" -c 'import pystemd.dbuslib' 2>&1 | tail -n 1)"}

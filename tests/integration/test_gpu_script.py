@@ -64,6 +64,8 @@ def test_the_gpu_script_runs_to_its_end_as_root_on_a_systemd_host_without_a_gpu(
         assert box.run(["cat", "/proc/1/comm"], capture_output=True, text=True).stdout == (
             "systemd\n"
         )
+        # as on a machine gpulaunch never ran on, whatever the host's /etc has
+        box.run(["rm", "-f", "/etc/dbus-1/system.d/io.gpulaunch.conf"], check=True)
         res = box.run(
             ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", SCRIPT],
             capture_output=True,
