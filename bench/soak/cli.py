@@ -156,12 +156,12 @@ def _soak_in(
 
 
 def _export(rev: str, dest: Path) -> Path:
-    """gpulaunch/ and the D-Bus interface files it finds next to it, as committed in `rev`."""
+    """gpulaunch/ and what it finds next to it (packaging/, units/), as committed in `rev`."""
     dest.mkdir()
     tree = subprocess.run(
         ["git", "ls-tree", "--name-only", rev], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
-    parts = [p for p in ("gpulaunch", "packaging") if p in tree]
+    parts = [p for p in ("gpulaunch", "packaging", "units") if p in tree]
     archive = subprocess.run(
         ["git", "archive", "--format=tar", rev, *parts], cwd=REPO, capture_output=True, check=True
     ).stdout
