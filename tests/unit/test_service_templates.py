@@ -138,3 +138,25 @@ def test_service_settings_the_codec_refuses(line: str, message: str) -> None:
     with pytest.raises(UnitFileError) as exc:
         parse_unit(f"[Service]\n{line}\n", "service", "x.service")
     assert message in exc.value.message, exc.value.message
+
+
+def test_an_override_of_the_anchor_alone_is_used_and_checked_before_anything_starts(
+    job: tuple[JobSpec, JobUnits], tmp_path: Path
+) -> None:
+    from gpulaunch.units.job import render_units
+    from gpulaunch.units.templates import Templates, builtin_dir
+
+    spec, _ = job
+    override = tmp_path / "units"
+    override.mkdir(mode=0o755)
+    text = (builtin_dir() / "anchor.service").read_text()
+    (override / "anchor.service").write_text(text.replace("StandardError=journal", "# mine"))
+    units = render_units(spec, Templates([override], uid=os.geteuid()))
+    anchor = units.anchor(os.getpid())
+    assert anchor.template == override / "anchor.service"  # file by file: the others built-in
+    assert units.watcher.template == builtin_dir() / "watcher.scope"
+    assert "StandardError" not in values(anchor.properties)
+
+    (override / "anchor.service").write_text(text.replace("PropagatesStopTo=", "#"))
+    with pytest.raises(UnitFileError, match="PropagatesStopTo= must name"):
+        render_units(spec, Templates([override], uid=os.geteuid()))  # at plan time
