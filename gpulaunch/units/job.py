@@ -11,6 +11,7 @@ import dataclasses
 import os
 import sys
 
+from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec, RankSpec
 from gpulaunch.units.definitions import JobUnits, LaunchSetup, UnitDefinition
 from gpulaunch.units.names import ROOT_SLICE
@@ -84,6 +85,14 @@ def _rlimit(value: int) -> str:
 
 
 def launch_vars(spec: JobSpec, setup: LaunchSetup) -> LaunchVars:
+    cwd = setup.working_directory
+    if cwd != cwd.strip(" \t") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in cwd):
+        # WorkingDirectory= takes the rest of its line, trimmed, unquoted (systemd.exec(5))
+        raise UsageError(
+            f"the current directory {cwd!r} cannot be a systemd service's working directory "
+            "(it starts or ends with a space, or holds a control character)",
+            "start the job from another directory (the script's path may point anywhere)",
+        )
     return LaunchVars(
         **dataclasses.asdict(job_vars(spec, spec.names.launch_service)),
         exec_start=setup.exec_start,

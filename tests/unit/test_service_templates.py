@@ -160,3 +160,15 @@ def test_an_override_of_the_anchor_alone_is_used_and_checked_before_anything_sta
     (override / "anchor.service").write_text(text.replace("PropagatesStopTo=", "#"))
     with pytest.raises(UnitFileError, match="PropagatesStopTo= must name"):
         render_units(spec, Templates([override], uid=os.geteuid()))  # at plan time
+
+
+@pytest.mark.parametrize("cwd", ["/tmp/ends in a space ", "/tmp/new\nline"])
+def test_a_directory_unit_files_cannot_name_is_one_clear_error(
+    job: tuple[JobSpec, JobUnits], cwd: str
+) -> None:
+    from gpulaunch.errors import UsageError
+
+    _, units = job
+    setup = launch_setup(argv=["/bin/true"], cwd=cwd, env=[], frontend_name=None, limits={})
+    with pytest.raises(UsageError, match="cannot be a systemd service's working directory"):
+        units.launch(setup)
