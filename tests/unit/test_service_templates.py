@@ -172,3 +172,32 @@ def test_a_directory_unit_files_cannot_name_is_one_clear_error(
     setup = launch_setup(argv=["/bin/true"], cwd=cwd, env=[], frontend_name=None, limits={})
     with pytest.raises(UsageError, match="cannot be a systemd service's working directory"):
         units.launch(setup)
+
+
+def test_launch_service_snapshot(job: tuple[JobSpec, JobUnits]) -> None:
+    """The text of units/launch.service for a fixed front end (tests/unit/snapshots/; after an
+    intended change: GPULAUNCH_UPDATE_SNAPSHOTS=1, then review the diff)."""
+    _, units = job
+    setup = launch_setup(
+        argv=[
+            "/usr/bin/python3",
+            "-m",
+            "gpulaunch",
+            "start",
+            "--frontend-child",
+            "--job",
+            "x%y",
+            "train.py",
+            "--lr",
+            "0.1 0.2",
+        ],  # fmt: skip
+        cwd="/home/ada/exp 1",
+        env=["HOME=/home/ada", 'PS1=\\u@\\h "$ "', "LANG=C.UTF-8"],
+        frontend_name="io.gpulaunch.frontend.p4242",
+        limits={"NOFILE": (1024, 524288), "CORE": (0, -1)},
+    )
+    text = units.launch(setup).text
+    snapshot = Path(__file__).parent / "snapshots" / "gpulaunch-demo-launch.service.txt"
+    if os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1":
+        snapshot.write_text(text)
+    assert text == snapshot.read_text(), f"{snapshot} differs; see the docstring"
