@@ -118,9 +118,10 @@ fi
 # -- systemd: the host's, or the box the checks boot
 if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] && [ -d /run/systemd/system ]; then
     note "systemd: the host's (PID 1)"
-    if [ "$(id -u)" -eq 0 ]; then
+    if [ "$(id -u)" -eq 0 ] && [ "$MODE" = gpu ]; then
         # What an admin would run: gpulaunch setup, from this checkout's packaging/. A failure
         # is noted, not fatal: jobs run without the job API (the checks say what they miss).
+        # --cpu-only runs no job: it leaves the machine's /etc alone.
         if setup=$("$VENV/bin/gpulaunch" setup 2>&1); then
             while IFS= read -r line; do note "$line"; done <<<"$setup"
         else
