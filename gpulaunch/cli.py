@@ -174,7 +174,9 @@ def _add_system_commands(sub: Any) -> None:
         "setup",
         help="install the system side (root): the D-Bus policy; --journald: the log rate limit",
         description="Install what the system side of gpulaunch needs, from this package: "
-        "the D-Bus policy of the job API, and with --journald journald's rate-limit drop-in. "
+        "the D-Bus policy of the job API, gpulaunch.slice (settings for all jobs, none set) and "
+        "the tmpfiles.d entry of /run/gpulaunch, and with --journald journald's rate-limit "
+        "drop-in. "
         "Idempotent; --uninstall removes it all.",
     )
     p.add_argument(
@@ -266,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_render(args: argparse.Namespace) -> int:
     from gpulaunch.start import render
 
-    return render(start_options(args))
+    return render(start_options(args), args.argv)
 
 
 def cmd_start(args: argparse.Namespace) -> int:

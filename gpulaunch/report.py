@@ -15,7 +15,7 @@ from gpulaunch.model import (
 )
 from gpulaunch.multinode.protocol import Layout
 
-# Installs gpulaunch/data/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
+# Installs packaging/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
 JOURNALD_FIX = "sudo gpulaunch setup --journald --restart-journald"
 
 

@@ -27,7 +27,7 @@ from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import count, format_report
 from gpulaunch.supervisor.choose import systemd_wanted
-from gpulaunch.units.definitions import JobUnits
+from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
@@ -51,14 +51,64 @@ def working_directory() -> str:
         ) from None
 
 
-def render(opts: StartOptions) -> int:
-    """`gpulaunch render`: print the units `start` would create."""
-    _, units = plan(opts)
-    for unit in units.all():
+def render(opts: StartOptions, argv: Sequence[str] = ()) -> int:
+    """`gpulaunch render`: print the units `start` would create: the job slice, the anchor
+    (for this process as the watcher), the watcher scope, the ranks slice, the rank scopes
+    and, where `start` would go through the front end (gpulaunch/frontend/), its service.
+
+    `argv`: the command line as typed (`render` in it stands for `start`).
+    """
+    spec, units = plan(opts)
+    shown = [units.job_slice, units.anchor(os.getpid()), *units.all()[1:]]
+    if _would_use_frontend(opts):
+        shown.append(_launch_unit(spec, units, argv))
+    for unit in shown:
         print(f"# {unit.name} (from {unit.template})")
         print(unit.text.rstrip("\n"))
         print()
     return 0
+
+
+def _would_use_frontend(opts: StartOptions) -> bool:
+    """Whether `start` would run the watcher as the front end's service (if the user's bus
+    answers: render does not connect to it)."""
+    from gpulaunch.frontend.need import needs_frontend
+
+    return (
+        opts.manager is Manager.USER
+        and systemd_wanted(opts.supervisor, os.environ)
+        and needs_frontend(opts.manager)
+    )
+
+
+def _launch_unit(spec: JobSpec, units: JobUnits, argv: Sequence[str]) -> UnitDefinition:
+    """The front end's service as `start` from here would ask for it (frontend/run.py)."""
+    import resource
+
+    from gpulaunch.frontend.unit import (
+        RLIMITS,
+        environment,
+        frontend_bus_name,
+        launch_setup,
+        watcher_argv,
+    )
+
+    args = list(argv)
+    if "render" in args:
+        args[args.index("render")] = "start"
+    return units.launch(
+        launch_setup(
+            argv=watcher_argv(sys.executable, args, spec.job) if "start" in args else args,
+            cwd=os.getcwd(),
+            env=environment(os.environ)[0],
+            frontend_name=frontend_bus_name(os.getpid()),
+            limits={
+                name: resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))
+                for name in RLIMITS
+                if hasattr(resource, f"RLIMIT_{name}")
+            },
+        )
+    )
 
 
 def start(
@@ -95,7 +145,8 @@ def start(
         if address is not None and not frontend_child and needs_frontend(opts.manager):
             from gpulaunch.frontend.run import run_frontend
 
-            return run_frontend(plan(opts)[0], argv, address, detach)
+            spec, units = plan(opts)
+            return run_frontend(spec, argv, address, detach, units)
     from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder

@@ -31,6 +31,8 @@ PACKAGES=(
 )
 # The Slurm tests run a real Slurm (one slurmd per systemd box, tests/integration/slurm.py).
 TEST_PACKAGES=(slurmd slurmctld slurm-client munge)
+# The Debian package's build (packaging/debian/, tests/integration/test_deb.py).
+TEST_PACKAGES+=(dpkg-dev debhelper)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root (apt-get and the systemd box need it), e.g. sudo $0" >&2

@@ -107,7 +107,7 @@ def _job_api_ready(kinds: tuple[Fault, ...]) -> str | None:
             "run `gpulaunch setup`, or leave gpulaunch-stop out with --only"
         )
     POLICY_DIRS[0].mkdir(parents=True, exist_ok=True)  # the box's /etc is its own
-    shutil.copy(REPO / "gpulaunch" / "data" / "dbus" / POLICY, POLICY_DIRS[0] / POLICY)
+    shutil.copy(REPO / "packaging" / "dbus" / POLICY, POLICY_DIRS[0] / POLICY)
     subprocess.run(["systemctl", "reload", "dbus"], check=True)
     return None
 
@@ -173,12 +173,12 @@ def _soak_in(
 
 
 def _export(rev: str, dest: Path) -> Path:
-    """gpulaunch/ and the D-Bus interface files it finds next to it, as committed in `rev`."""
+    """gpulaunch/ and what it finds next to it (packaging/, units/), as committed in `rev`."""
     dest.mkdir()
     tree = subprocess.run(
         ["git", "ls-tree", "--name-only", rev], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
-    parts = [p for p in ("gpulaunch", "packaging") if p in tree]
+    parts = [p for p in ("gpulaunch", "packaging", "units") if p in tree]
     archive = subprocess.run(
         ["git", "archive", "--format=tar", rev, *parts], cwd=REPO, capture_output=True, check=True
     ).stdout

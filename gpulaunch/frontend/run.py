@@ -47,6 +47,7 @@ from gpulaunch.frontend.unit import (
     environment,
     exit_status,
     frontend_bus_name,
+    launch_setup,
     service_name,
     service_properties,
     unit_object_path,
@@ -55,6 +56,7 @@ from gpulaunch.frontend.unit import (
 from gpulaunch.frontend.userbus import LINGER_HINT
 from gpulaunch.jobapi import record
 from gpulaunch.model import JobSpec, Manager
+from gpulaunch.units.definitions import JobUnits
 from gpulaunch.watcher.detach import STARTED, tail_overlap
 
 _SYSTEMD = "org.freedesktop.systemd1"
@@ -67,14 +69,19 @@ _CONNECT_TIMEOUT = 5.0
 _ENDED = ("inactive", "failed")
 
 
-def run_frontend(spec: JobSpec, argv: Sequence[str], address: str, detach: bool) -> int:
+def run_frontend(
+    spec: JobSpec, argv: Sequence[str], address: str, detach: bool, units: JobUnits
+) -> int:
     """Run the job through a watcher service of the user manager; returns the job's status."""
-    return asyncio.run(_FrontEnd(spec, argv, address, detach).run())
+    return asyncio.run(_FrontEnd(spec, argv, address, detach, units).run())
 
 
 class _FrontEnd:
-    def __init__(self, spec: JobSpec, argv: Sequence[str], address: str, detach: bool) -> None:
+    def __init__(
+        self, spec: JobSpec, argv: Sequence[str], address: str, detach: bool, units: JobUnits
+    ) -> None:
         self.spec = spec
+        self.units = units
         self.service = service_name(spec.names)
         self.path = unit_object_path(self.service)
         self.address = address
@@ -224,12 +231,10 @@ class _FrontEnd:
                 f"{', '.join(dropped)} (or with such a value): the ranks will not see it",
                 file=sys.stderr,
             )
-        props = service_properties(
-            names=self.spec.names,
+        setup = launch_setup(
             argv=self.argv,
             cwd=self.spec.cwd,  # start.working_directory(): checked
             env=env,
-            grace_sec=self.spec.grace_sec,
             frontend_name=self.name,
             limits={
                 name: resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))
@@ -237,6 +242,7 @@ class _FrontEnd:
                 if hasattr(resource, f"RLIMIT_{name}")
             },
         )
+        props = service_properties(self.units.launch(setup))  # units/launch.service
         body = [self.service, "fail", [[p.name, Variant(p.signature, p.value)] for p in props], []]
         msg = self._manager_call("StartTransientUnit", "ssa(sv)a(sa(sv))", body, unix_fds=list(fds))
         if self.pending:  # interrupted before anything was created: create nothing

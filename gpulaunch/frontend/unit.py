@@ -1,6 +1,8 @@
 """The watcher as a transient service of the user manager: its name, properties and end.
 
-Pure: what `run.py` asks systemd for, and how it reads the answer.
+Pure: what `run.py` asks systemd for, and how it reads the answer. The service's settings
+come from its template, units/launch.service (`JobUnits.launch`); this module adds what
+has no unit-file syntax (the front end's fds as stdin/out/err, `AddRef=`).
 
 - `Type=dbus` with `BusName=` the front end's own name: systemd stops the
   service (SIGTERM to the watcher, SIGKILL after `TimeoutStopSec=`) as soon as
@@ -24,14 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpulaunch.frontend.argv import pack_argv
-from gpulaunch.units.names import PREFIX, ROOT_SLICE, UnitNames
+from gpulaunch.units.codec import RLIMITS as RLIMITS
+from gpulaunch.units.definitions import LaunchSetup, UnitDefinition
+from gpulaunch.units.names import UnitNames
 
 UNIT_PATH_PREFIX = "/org/freedesktop/systemd1/unit/"
 FRONTEND_NAME_PREFIX = "io.gpulaunch.frontend"
 # Accepted by systemd in Environment= (env_name_is_valid, env_value_is_valid).
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
-STOP_MARGIN_S = 10.0  # beyond the ranks' grace, before systemd SIGKILLs a watcher that hangs
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Prop:
 
 
 def service_name(names: UnitNames) -> str:
-    return f"{PREFIX}-{names.component}-launch.service"
+    return names.launch_service
 
 
 def frontend_bus_name(pid: int) -> str:
@@ -87,58 +90,39 @@ def environment(environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
     return kept, dropped
 
 
-def service_properties(
+def launch_setup(
     *,
-    names: UnitNames,
     argv: Sequence[str],
     cwd: str,
     env: Sequence[str],
-    grace_sec: float,
     frontend_name: str | None,
     limits: Mapping[str, tuple[int, int]],
-) -> list[Prop]:
-    """The service that runs the watcher; fds 0, 1, 2 of the call are its stdin/out/err.
+) -> LaunchSetup:
+    """The variables of units/launch.service that come from the front end's process.
 
-    `frontend_name` None: detached, the job does not depend on the front end.
+    `frontend_name` None: detached, the job does not depend on the front end. `limits`: the
+    front end's resource limits (soft, hard; -1 infinite), for the watcher and so the ranks:
+    a service otherwise gets the user manager's defaults (e.g. 1024 open files).
     """
-    props = [
-        Prop("Description", "s", f"gpulaunch job {names.job}: the watcher, for its front end"),
-        Prop("Slice", "s", ROOT_SLICE),
-        Prop("ExecStart", "a(sasb)", [(argv[0], list(argv), False)]),
-        Prop("WorkingDirectory", "s", cwd),
-        Prop("Environment", "as", list(env)),
+    return LaunchSetup(
+        exec_start=tuple(argv),
+        working_directory=cwd,
+        environment=tuple(env),
+        limits=tuple((name, soft, hard) for name, (soft, hard) in limits.items()),
+        bus_name=frontend_name,
+    )
+
+
+def service_properties(unit: UnitDefinition) -> list[Prop]:
+    """The service that runs the watcher: its template's properties; fds 0, 1, 2 of the call
+    are its stdin/out/err, and `AddRef=` keeps it loaded while the front end is connected."""
+    return [
+        *(Prop(p.name, p.signature, p.value) for p in unit.properties),
         Prop("StandardInputFileDescriptor", "h", 0),
         Prop("StandardOutputFileDescriptor", "h", 1),
         Prop("StandardErrorFileDescriptor", "h", 2),
         Prop("AddRef", "b", True),
-        Prop("CollectMode", "s", "inactive-or-failed"),
-        Prop("TimeoutStopUSec", "t", int((grace_sec + STOP_MARGIN_S) * 1_000_000)),
-        Prop("SendSIGHUP", "b", False),
-        *limit_properties(limits),
     ]
-    if frontend_name is None:
-        props.append(Prop("Type", "s", "exec"))
-    else:
-        props += [Prop("Type", "s", "dbus"), Prop("BusName", "s", frontend_name)]
-    return props
-
-
-# setrlimit's resources as systemd names them (Limit<NAME>= hard, Limit<NAME>Soft= soft).
-RLIMITS = (
-    "CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NOFILE", "AS", "NPROC", "MEMLOCK",
-    "LOCKS", "SIGPENDING", "MSGQUEUE", "NICE", "RTPRIO", "RTTIME",
-)  # fmt: skip
-_INFINITY = 2**64 - 1  # RLIM_INFINITY on the bus
-
-
-def limit_properties(limits: Mapping[str, tuple[int, int]]) -> list[Prop]:
-    """The front end's resource limits (soft, hard; -1 infinite) for the watcher and so the
-    ranks: a service otherwise gets the user manager's defaults (e.g. 1024 open files)."""
-    props = []
-    for name, (soft, hard) in limits.items():
-        props.append(Prop(f"Limit{name}", "t", _INFINITY if hard < 0 else hard))
-        props.append(Prop(f"Limit{name}Soft", "t", _INFINITY if soft < 0 else soft))
-    return props
 
 
 def exit_status(code: int, status: int) -> int | None:

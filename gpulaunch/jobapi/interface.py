@@ -1,6 +1,6 @@
 """io.gpulaunch.Job1 as shipped: its introspection data, signal signatures, the bus policy.
 
-The interface itself is gpulaunch/data/dbus/io.gpulaunch.Job1.xml (one source of
+The interface itself is packaging/dbus/io.gpulaunch.Job1.xml (one source of
 truth, docs/dbus.md); the publisher serves it with the standard interfaces below.
 """
 
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpulaunch import shipped
 from gpulaunch.jobapi.view import INTERFACE, RANK_SIGNATURE
 
-# Signal signatures (gpulaunch/data/dbus/io.gpulaunch.Job1.xml has their argument names).
+# Signal signatures (packaging/dbus/io.gpulaunch.Job1.xml has their argument names).
 RANK_EXITED_SIGNATURE = "isiibi"
 FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
 
@@ -50,8 +51,8 @@ STANDARD_INTERFACES = """\
 
 
 def packaging_dir() -> Path:
-    """`gpulaunch/data/dbus`: the D-Bus files the package ships (a wheel carries them)."""
-    return Path(__file__).resolve().parents[1] / "data" / "dbus"
+    """`packaging/dbus`: the D-Bus files the package ships (a wheel carries them)."""
+    return shipped.packaging_dir() / "dbus"
 
 
 def interface_xml() -> str:

@@ -9,7 +9,7 @@ serves one object, `/io/gpulaunch/job/<label>`, with interface
 
 The object is served by one message handler rather than dbus-fast's
 `ServiceInterface`: its introspection data is the XML shipped in
-`gpulaunch/data/dbus/` (one source of truth), and `Stop` needs the caller's
+`packaging/dbus/` (one source of truth), and `Stop` needs the caller's
 credentials, which `ServiceInterface` methods never see.
 
 The bus may go away under a running job (`systemctl restart dbus`); the job

@@ -3,7 +3,7 @@
 From `--gpus`, `--gpu-isolation`, `--cpus-per-rank` and `--cpu-bind` plus what the
 machine has (`gpulaunch.plan.gpus`, `gpulaunch.plan.topology`) to one `Placement` per local
 rank. `gpulaunch.plan.spec` puts the results into the rank's environment and the
-`gpu`, `cpus` and `device_allow` variables of `gpulaunch/units/templates/rank.scope`.
+`gpu`, `cpus` and `device_allow` variables of `units/rank.scope`.
 
 GPU isolation (systemd.resource-control(5), DevicePolicy=/DeviceAllow=): each rank
 sees only its GPU (CUDA_VISIBLE_DEVICES), and its scope may open only that GPU's

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from gpulaunch.errors import JobExistsError, SystemdError
-from gpulaunch.supervisor import SupervisorEvents, Watch, anchor
+from gpulaunch.supervisor import SupervisorEvents, Watch
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
@@ -73,10 +73,9 @@ class SystemdSupervisor:
     async def create(self, watcher_pids: Sequence[int]) -> None:
         """The job slice, the watcher's own scope (with the watcher inside), the ranks slice."""
         units = self.units
-        name = anchor.anchor_name(units.job_slice.name)
-        props = anchor.properties(
-            units.job_slice.name, f"gpulaunch job {units.job}", watcher_pids[0]
-        )
+        # units/anchor.service, for the watcher's pid (supervisor/anchor.py says why).
+        anchor = units.anchor(watcher_pids[0])
+        name, props = anchor.name, anchor.properties
         self._creating = True
         try:
             # The job slice and the anchor in one call: both exist, or neither does.

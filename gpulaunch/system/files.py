@@ -1,7 +1,8 @@
 """The files the package ships for the system side, and where `gpulaunch setup` puts them.
 
-They live in `gpulaunch/data/` so that a wheel carries them: a user who installed
-gpulaunch with pip has no repository to copy them from.
+They live in the repository's top-level `packaging/`, which a wheel carries as package data
+(`gpulaunch.shipped`): a user who installed gpulaunch with pip has no repository to copy
+them from.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+from gpulaunch.shipped import packaging_dir
+
+DATA = packaging_dir()
 
 
 class Piece(enum.StrEnum):
@@ -18,6 +21,8 @@ class Piece(enum.StrEnum):
 
     BUS_POLICY = "bus-policy"  # lets a system job's watcher own io.gpulaunch.job.* (docs/dbus.md)
     JOURNALD = "journald"  # journald keeps every line of chatty ranks
+    SLICE = "slice"  # gpulaunch.slice: the settings an admin tunes for all jobs together
+    RUNTIME_DIR = "runtime-dir"  # /run/gpulaunch at boot (tmpfiles.d)
 
 
 @dataclass(frozen=True)
@@ -48,10 +53,23 @@ JOURNALD_DROP_IN = SystemFile(
     DATA / "journald" / "60-gpulaunch.conf",
     "/etc/systemd/journald.conf.d/60-gpulaunch.conf",
 )
-ALL = (BUS_POLICY, JOURNALD_DROP_IN)
+SYSTEM_SLICE = SystemFile(
+    Piece.SLICE, DATA / "systemd" / "gpulaunch.slice", "/etc/systemd/system/gpulaunch.slice"
+)
+USER_SLICE = SystemFile(
+    Piece.SLICE, DATA / "systemd" / "gpulaunch.slice", "/etc/systemd/user/gpulaunch.slice"
+)
+TMPFILES = SystemFile(
+    Piece.RUNTIME_DIR, DATA / "tmpfiles.d" / "gpulaunch.conf", "/etc/tmpfiles.d/gpulaunch.conf"
+)
+# What a plain `gpulaunch setup` installs; the journald drop-in only with --journald.
+DEFAULT = (BUS_POLICY, SYSTEM_SLICE, USER_SLICE, TMPFILES)
+ALL = (*DEFAULT, JOURNALD_DROP_IN)
 
 # The one command that turns each piece on (messages name it; `setup` does it).
 FIX = {
     Piece.BUS_POLICY: "sudo gpulaunch setup",
     Piece.JOURNALD: "sudo gpulaunch setup --journald --restart-journald",
+    Piece.SLICE: "sudo gpulaunch setup",
+    Piece.RUNTIME_DIR: "sudo gpulaunch setup",
 }

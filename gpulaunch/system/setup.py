@@ -7,8 +7,15 @@ What it installs is optional: a job runs without it, with a warning naming this 
   ranks (journald.conf(5)); journald reads it when it restarts, which happens only
   with `--restart-journald` (a restart closes every service's log stream).
 
-No `gpulaunch.slice` defaults are installed: each job's slice is transient and carries
-its own settings (gpulaunch/units/templates/job.slice).
+- `gpulaunch.slice` (always), for the system manager and every user manager: the parent of
+  all jobs, with the settings an admin tunes for all of them together (all commented out:
+  installing it changes nothing until they are set; each job's own settings are in its
+  templates, units/); the system manager reloads, user managers read it at their next
+  daemon-reload;
+- tmpfiles.d's entry for /run/gpulaunch (always), root's jobs' runtime directory, created now
+  and at every boot.
+
+All of it comes from the package's copy of the repository's packaging/ (gpulaunch.shipped).
 
 Idempotent (a file that holds what the package ships is left alone), `--uninstall`
 removes what it installed, and every line it prints says what it changed.
@@ -34,7 +41,15 @@ from gpulaunch.errors import (
     UnavailableError,
     UsageError,
 )
-from gpulaunch.system.files import ALL, BUS_POLICY, JOURNALD_DROP_IN, SystemFile
+from gpulaunch.system.files import (
+    ALL,
+    BUS_POLICY,
+    DEFAULT,
+    JOURNALD_DROP_IN,
+    SYSTEM_SLICE,
+    TMPFILES,
+    SystemFile,
+)
 
 JOURNALD = "systemd-journald.service"
 
@@ -126,6 +141,19 @@ def reload_bus_config() -> str:
     return "the system bus reloaded its configuration"
 
 
+def run_tool(argv: list[str], done: str) -> str:
+    """Run a systemd tool after a change; what happened, in words (a failure is not fatal:
+    the file is in place, and applies at the next reload or boot)."""
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"could not run {argv[0]} ({exc.strerror}); it applies at the next boot"
+    if res.returncode != 0:
+        why = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode
+        return f"{' '.join(argv)} failed ({why}); it applies at the next boot"
+    return done
+
+
 def restart_journald() -> str:
     """Restart journald so that it reads the drop-in (it has no reload for this)."""
     done = subprocess.run(
@@ -140,10 +168,10 @@ def restart_journald() -> str:
 
 
 def chosen(args: argparse.Namespace) -> Sequence[SystemFile]:
-    """The files this run is about: all of them to uninstall, else the policy (+ journald)."""
+    """The files this run is about: all of them to uninstall, else the defaults (+ journald)."""
     if args.uninstall:
         return ALL
-    return (BUS_POLICY, JOURNALD_DROP_IN) if args.journald else (BUS_POLICY,)
+    return (*DEFAULT, JOURNALD_DROP_IN) if args.journald else DEFAULT
 
 
 def _check_root(root: Path) -> None:
@@ -181,6 +209,13 @@ def cmd_setup(args: argparse.Namespace) -> int:
         return 0
     if BUS_POLICY in changed:
         print(f"gpulaunch setup: {reload_bus_config()}")
+    if SYSTEM_SLICE in changed:
+        print(f"gpulaunch setup: {run_tool(['systemctl', 'daemon-reload'], 'reloaded systemd')}")
+    if TMPFILES in changed and not args.uninstall:
+        created = run_tool(
+            ["systemd-tmpfiles", "--create", TMPFILES.target], "created /run/gpulaunch"
+        )
+        print(f"gpulaunch setup: {created}")
     if JOURNALD_DROP_IN in changed or (args.restart_journald and JOURNALD_DROP_IN in changes):
         if args.restart_journald:
             print(f"gpulaunch setup: {restart_journald()}")

@@ -58,6 +58,7 @@ from gpulaunch.units.values import (
     parse_size,
     parse_timespan,
     scale_from_permyriad,
+    skip_whitespace,
     split_words,
 )
 
@@ -70,7 +71,7 @@ __all__ = [
     "parse_unit",
 ]
 
-_UNIT_TYPES = ("scope", "slice")
+_UNIT_TYPES = ("scope", "slice", "service")
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,9 @@ class Property:
 Convert = Callable[[str], tuple[Property, ...]]
 Items = Callable[[str], list[object]]
 
-_CGROUP = frozenset({"Scope", "Slice"})
-_SCOPE = frozenset({"Scope"})
+_CGROUP = frozenset({"Scope", "Slice", "Service"})
+_SCOPE = frozenset({"Scope", "Service"})  # units with processes: a scope, a service
+_SERVICE = frozenset({"Service"})
 _UNIT = frozenset({"Unit"})
 
 
@@ -256,8 +258,150 @@ _DEPENDENCIES = (
 ).split()
 
 
+# --- service values: ExecStart= and Environment= words, Limit*= (units/*.service) ---------
+
+_C_ESCAPES = {
+    "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+    "s": " ", "\\": "\\", '"': '"', "'": "'",
+}  # fmt: skip
+
+
+def _cunescape_one(text: str, i: int) -> tuple[str, int]:
+    """The character the C escape at text[i] (after the backslash) stands for, and the index
+    after it: cunescape_one() (src/basic/escape.c), without its NUL."""
+    c = text[i : i + 1]
+    if c in _C_ESCAPES:
+        return _C_ESCAPES[c], i + 1
+    digits = {"x": 2, "u": 4, "U": 8}.get(c)
+    if digits is not None:
+        code = text[i + 1 : i + 1 + digits]
+        if len(code) == digits and all(d in "0123456789abcdefABCDEF" for d in code):
+            value = int(code, 16)
+            if value and value < 0x110000 and not 0xD800 <= value < 0xE000:
+                return chr(value), i + 1 + digits
+    elif c in "01234567":
+        code = text[i : i + 3]
+        if len(code) == 3 and all(d in "01234567" for d in code) and int(code, 8):
+            return chr(int(code, 8)), i + 3
+    raise InvalidValue(f"bad escape \\{c}" if c else "trailing backslash")
+
+
+def exec_words(text: str) -> list[str]:
+    """The words of ExecStart= or Environment=: extract_first_word() with EXTRACT_UNQUOTE and
+    EXTRACT_CUNESCAPE: '...' and "..." quote, and a backslash starts a C escape (\\n, \\t,
+    \\xNN, \\", \\\\, ...) inside quotes and out."""
+    words: list[str] = []
+    i = skip_whitespace(text, 0)
+    while i < len(text):
+        word: list[str] = []
+        quote = ""
+        while i < len(text):
+            c = text[i]
+            if c == "\\":
+                char, i = _cunescape_one(text, i + 1)
+                word.append(char)
+                continue
+            if quote:
+                if c == quote:
+                    quote = ""
+                else:
+                    word.append(c)
+            elif c in WHITESPACE:
+                break
+            elif c in "'\"":
+                quote = c
+            else:
+                word.append(c)
+            i += 1
+        if quote:
+            raise InvalidValue("unbalanced quotes")
+        words.append("".join(word))
+        i = skip_whitespace(text, i)
+    return words
+
+
+RLIMIT_ACCEPTED = "use SOFT:HARD or one value for both, each a plain number or infinity"
+
+
+def parse_rlimit(text: str) -> tuple[int, int]:
+    """`Limit*=` as (soft, hard): raw numbers (the unit setrlimit() takes) or infinity.
+
+    systemd also reads sizes and time spans with units here; a plain subset is enough for
+    gpulaunch's templates, which copy the caller's own limits.
+    """
+
+    def one(value: str) -> int:
+        if value == "infinity":
+            return UINT64_MAX
+        return parse_decimal(value, "a number or infinity")
+
+    soft, colon, hard = text.partition(":")
+    if not colon:
+        return one(text), one(text)
+    low, high = one(soft), one(hard)
+    if low > high:
+        raise InvalidValue(f"the soft limit {soft} is above the hard limit {hard}")
+    return low, high
+
+
 _UNIT5, _SCOPE5, _KILL5 = "systemd.unit(5)", "systemd.scope(5)", "systemd.kill(5)"
 _RC5 = "systemd.resource-control(5)"
+_SERVICE5, _EXEC5 = "systemd.service(5)", "systemd.exec(5)"
+
+
+def _exec_start(value: str) -> list[object]:
+    """One command of ExecStart=: (path, argv, ignore failure), as a(sasb) takes it."""
+    words = exec_words(value)
+    if not words:
+        raise InvalidValue("no command")
+    first = words[0]
+    ignore = first.startswith("-")
+    path = first[1:] if ignore else first
+    if path[:1] in ("@", ":", "+", "!"):
+        raise InvalidValue(f"the prefix {path[0]!r} is not supported", "use an absolute path")
+    if not path.startswith("/"):
+        raise InvalidValue(f"{path!r} is not an absolute path", "use an absolute path")
+    return [(path, [path, *words[1:]], ignore)]
+
+
+def _environment(value: str) -> list[object]:
+    """Environment=: NAME=VALUE words, quoted and C-escaped as systemd reads them."""
+    out: list[object] = []
+    for word in exec_words(value):
+        name, eq, _ = word.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise InvalidValue(f"{word!r} is not NAME=VALUE")
+        out.append(word)
+    return out
+
+
+def _working_directory(value: str) -> tuple[Property, ...]:
+    if not value.startswith("/"):
+        raise InvalidValue(f"{value!r} is not an absolute path", "use an absolute path")
+    return (Property("WorkingDirectory", "s", value),)
+
+
+def _bus_name(value: str) -> object:
+    if not re.fullmatch(r"[A-Za-z_-][A-Za-z0-9_-]*(\.[A-Za-z_-][A-Za-z0-9_-]*)+", value):
+        raise InvalidValue(f"{value!r} is not a well-known D-Bus name")
+    return value
+
+
+def _limit(key: str) -> Convert:
+    """LimitX=SOFT:HARD or LimitX=BOTH: LimitX (hard) and LimitXSoft (soft), raw numbers."""
+
+    def convert(value: str) -> tuple[Property, ...]:
+        soft, hard = parse_rlimit(value)
+        return (Property(key, "t", hard), Property(key + "Soft", "t", soft))
+
+    return convert
+
+
+RLIMITS = (
+    "CPU", "FSIZE", "DATA", "STACK", "CORE", "RSS", "NOFILE", "AS", "NPROC", "MEMLOCK",
+    "LOCKS", "SIGPENDING", "MSGQUEUE", "NICE", "RTPRIO", "RTTIME",
+)  # fmt: skip
+_OUTPUTS = ("inherit", "null", "tty", "journal", "kmsg", "journal+console", "kmsg+console")
 
 
 def _scalar(
@@ -320,6 +464,24 @@ _TABLE: list[_Setting] = [
     *_timespans(_UNIT, _UNIT5, "JobRunningTimeoutSec"),
 
     # [Scope] only: src/core/dbus-scope.c, dbus-kill.c; Delegate= is refused for slices.
+    # [Service] only (src/core/dbus-service.c, dbus-execute.c): what gpulaunch's own services
+    # use (units/anchor.service, units/launch.service) and little more.
+    _listing("ExecStart", _SERVICE, _SERVICE5, "use an absolute path, then arguments (quote "
+             "with \"...\", C escapes such as \\n inside)", "a(sasb)", _exec_start),
+    _listing("Environment", _SERVICE, _EXEC5, "use NAME=VALUE words (quote with \"...\")", "as",
+             _environment),
+    _scalar("WorkingDirectory", _SERVICE, _EXEC5, "use an absolute path", _working_directory,
+            specifiers=True),
+    _choices(_SERVICE, _EXEC5, "StandardInput", "null", "tty", "tty-force", "tty-fail"),
+    _choices(_SERVICE, _EXEC5, "StandardOutput", *_OUTPUTS),
+    _choices(_SERVICE, _EXEC5, "StandardError", *_OUTPUTS),
+    _choices(_SERVICE, _SERVICE5, "Type", "simple", "exec", "forking", "oneshot", "dbus",
+             "notify", "idle"),
+    _scalar("BusName", _SERVICE, _SERVICE5, "use a well-known D-Bus name",
+            _one("BusName", "s", _bus_name)),
+    *(_scalar(f"Limit{name}", _SERVICE, _EXEC5, RLIMIT_ACCEPTED, _limit(f"Limit{name}"))
+      for name in RLIMITS),
+
     _scalar("Slice", _SCOPE, _SCOPE5, "use the name of a slice unit",
             _one("Slice", "s", _slice_name), specifiers=True),
     *_timespans(_SCOPE, _SCOPE5, "TimeoutStopSec", "RuntimeMaxSec", "RuntimeRandomizedExtraSec"),
@@ -509,7 +671,8 @@ class _Result:
 
 
 def parse_unit(text: str, unit_type: str, source: str) -> tuple[Property, ...]:
-    """Convert unit-file text for a transient `unit_type` ("scope" or "slice") into properties.
+    """Convert unit-file text for a transient `unit_type` ("scope", "slice" or "service")
+    into properties.
 
     `source` names the text in error messages ("units/rank.scope:12: ..."). Raises
     `UnitFileError` for anything systemd would refuse or ignore: unknown settings, settings in
@@ -531,7 +694,7 @@ def parse_unit(text: str, unit_type: str, source: str) -> tuple[Property, ...]:
                 section = name
                 continue
             accepted = f"use [Unit] and [{type_section}]"
-            if name in ("Scope", "Slice"):
+            if name in ("Scope", "Slice", "Service"):
                 raise fail(
                     f"[{name}] is for {name.lower()} units, this is a {unit_type}; {accepted}"
                 )
@@ -586,13 +749,16 @@ class _Failure:
 def _lookup(key: str, section: str, unit_type: str, type_section: str, fail: _Failure) -> _Setting:
     """The table entry for `key` in `section`, or the reason it cannot be used there."""
     setting = SETTINGS.get(key)
+    if unit_type != "service" and (key in EXEC_SETTINGS or key in SERVICE_SETTINGS):
+        setting = None  # the reasons below say why a scope or a slice cannot have it
     if setting is not None:
         if section in setting.sections:
             return setting
         if type_section not in setting.sections and "Unit" not in setting.sections:
+            types = sorted(s.lower() for s in setting.sections)
             raise fail(
-                f"{key}= is not valid for a {unit_type} unit; only scope units accept it "
-                "(in [Scope])",
+                f"{key}= is not valid for a {unit_type} unit; only {' and '.join(types)} units "
+                f"accept it (in {' or '.join(f'[{s}]' for s in sorted(setting.sections))})",
                 key=key,
             )
         right = "Unit" if "Unit" in setting.sections else type_section
@@ -603,6 +769,8 @@ def _lookup(key: str, section: str, unit_type: str, type_section: str, fail: _Fa
             "not run the ranks as them, and gpulaunch does not support it",
             key=key,
         )
+    if unit_type == "service" and (key in EXEC_SETTINGS or key in SERVICE_SETTINGS):
+        raise fail(f"{key}= is not supported by gpulaunch's unit codec (yet)", key=key)
     if key in EXEC_SETTINGS:
         reason = _EXEC_REASONS.get(key)
         raise fail(

@@ -27,6 +27,9 @@ makes systemd drop one of the two jobs).
 `watcher.scope`: `PropagatesStopTo=` must name the job slice (the slice is removed when
 the watcher ends; a slice never goes away by itself, notes/systemd-facts.md).
 
+`anchor.service`: `Slice=` and `PropagatesStopTo=` must name the job slice (its end, the
+watcher's end, removes the job; supervisor/anchor.py).
+
 Every unit: `RefuseManualStop=yes` is refused (the watcher stops the ranks slice with
 `StopUnit`, and `systemctl stop` of a job's slice must keep working).
 
@@ -75,18 +78,20 @@ class _Rule:
     dbus_name: str = ""
 
 
-def _slice(role: str, expected: Callable[[JobUnitNames], str], what: str) -> _Rule:
+def _slice(
+    role: str, expected: Callable[[JobUnitNames], str], what: str, kind: str = "scope"
+) -> _Rule:
     def problem(value: object, names: JobUnitNames) -> str | None:
         want = expected(names)
         if value == want:
             return None
         now = "Slice= is missing" if value is None else f"Slice={value} is not the job's"
         return (
-            f"{now}: the {role} scope must be in {want} ({what}), or it outlives "
+            f"{now}: the {role} {kind} must be in {want} ({what}), or it outlives "
             f"its job; write Slice={{{{ {'ranks_slice' if role == 'rank' else 'job_slice'} }}}}"
         )
 
-    return _Rule("Slice", "Scope", problem)
+    return _Rule("Slice", kind.capitalize(), problem)
 
 
 def _names(key: str, expected: Callable[[JobUnitNames], str], variable: str, why: str) -> _Rule:
@@ -201,6 +206,18 @@ RULES: dict[str, tuple[_Rule, ...]] = {
     ),
     "job.slice": _EVERY_UNIT,
     "ranks.slice": _EVERY_UNIT,
+    "anchor.service": (
+        _slice("anchor", lambda n: n.job_slice, "the job slice goes when it ends", "service"),
+        _names(
+            "PropagatesStopTo",
+            lambda n: n.job_slice,
+            "job_slice",
+            "when the watcher dies, even before its scope held it, systemd stops the job slice",
+        ),
+        _Rule("CollectMode", "Unit", _collect_mode),
+        *_EVERY_UNIT,
+    ),
+    "launch.service": (_Rule("CollectMode", "Unit", _collect_mode), *_EVERY_UNIT),
 }
 
 

@@ -1,18 +1,39 @@
 """The units of one job, rendered from one typed set of template variables.
 
-`JobVars` and `RankVars` (gpulaunch/units/variables.py) are the template
-context; this module fills them in from a `JobSpec`.
+`JobVars`, `RankVars`, `AnchorVars` and `LaunchVars` (gpulaunch/units/variables.py) are
+the template context; this module fills them in from a `JobSpec` (and, for the anchor and
+the front end's service, from what only the running process knows).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
+from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec, RankSpec
 from gpulaunch.plan.argtext import printable
-from gpulaunch.units.definitions import JobUnits, UnitDefinition
+from gpulaunch.units.definitions import JobUnits, LaunchSetup, UnitDefinition
+from gpulaunch.units.names import ROOT_SLICE
 from gpulaunch.units.templates import Templates
-from gpulaunch.units.variables import JobVars, RankVars
+from gpulaunch.units.variables import AnchorVars, JobVars, LaunchVars, RankVars
+
+# Runs under `python3 -I -S` (units/anchor.service): waits for pid argv[1] (whose start time
+# is argv[2], against pid reuse) to end. No imports beyond the built-in os and select.
+ANCHOR_PROGRAM = """\
+import os, select, sys
+pid, start = int(sys.argv[1]), sys.argv[2]
+try:
+    fd = os.pidfd_open(pid)
+    with open(f"/proc/{pid}/stat") as f:
+        alive = f.read().rsplit(")", 1)[1].split()[19] == start
+except OSError:
+    alive = False
+if alive:
+    select.select([fd], [], [])
+"""
+STOP_MARGIN_S = 10.0  # launch.service: beyond the ranks' grace, before systemd SIGKILLs
 
 
 def job_vars(spec: JobSpec, unit: str) -> JobVars:
@@ -44,19 +65,73 @@ def rank_vars(spec: JobSpec, rank: RankSpec) -> RankVars:
     )
 
 
+def start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (/proc/PID/stat, field 22)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+
+def anchor_vars(spec: JobSpec, watcher_pid: int) -> AnchorVars:
+    return AnchorVars(
+        **dataclasses.asdict(job_vars(spec, spec.names.anchor_service)),
+        python=sys.executable,
+        program=ANCHOR_PROGRAM,
+        watcher_pid=watcher_pid,
+        watcher_start_time=start_time(watcher_pid),
+    )
+
+
+def _rlimit(value: int) -> str:
+    return "infinity" if value < 0 else str(value)
+
+
+def launch_vars(spec: JobSpec, setup: LaunchSetup) -> LaunchVars:
+    cwd = setup.working_directory
+    if cwd != cwd.strip(" \t") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in cwd):
+        # WorkingDirectory= takes the rest of its line, trimmed, unquoted (systemd.exec(5))
+        raise UsageError(
+            f"the current directory {cwd!r} cannot be a systemd service's working directory "
+            "(it starts or ends with a space, or holds a control character)",
+            "start the job from another directory (the script's path may point anywhere)",
+        )
+    return LaunchVars(
+        **dataclasses.asdict(job_vars(spec, spec.names.launch_service)),
+        exec_start=setup.exec_start,
+        working_directory=setup.working_directory,
+        environment=setup.environment,
+        limits=tuple((name, _rlimit(soft), _rlimit(hard)) for name, soft, hard in setup.limits),
+        root_slice=ROOT_SLICE,
+        bus_name=setup.bus_name,
+        stop_margin_sec=STOP_MARGIN_S,
+    )
+
+
 def render_units(spec: JobSpec, templates: Templates) -> JobUnits:
-    """Render the four templates for this job: the templates are the source of truth."""
+    """Render the templates for this job: the templates are the source of truth.
+
+    The anchor is rendered once here, for this process, so that a bad template fails before
+    anything starts; `JobUnits.anchor` renders it again for the watcher's pid.
+    """
     names = spec.names
 
     def render(template: str, unit: str, context: JobVars) -> UnitDefinition:
         return templates.render(template, unit, _context(context))
 
+    def anchor(watcher_pid: int) -> UnitDefinition:
+        return render("anchor.service", names.anchor_service, anchor_vars(spec, watcher_pid))
+
+    def launch(setup: LaunchSetup) -> UnitDefinition:
+        return render("launch.service", names.launch_service, launch_vars(spec, setup))
+
+    anchor(os.getpid())
     return JobUnits(
         job=spec.job,
         job_slice=render("job.slice", names.job_slice, job_vars(spec, names.job_slice)),
         ranks_slice=render("ranks.slice", names.ranks_slice, job_vars(spec, names.ranks_slice)),
         watcher=render("watcher.scope", names.watcher_scope, job_vars(spec, names.watcher_scope)),
         ranks=tuple(render("rank.scope", rank.unit, rank_vars(spec, rank)) for rank in spec.ranks),
+        anchor=anchor,
+        launch=launch,
     )
 
 

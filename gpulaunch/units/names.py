@@ -110,5 +110,13 @@ class UnitNames:
     def watcher_scope(self) -> str:
         return f"{PREFIX}-{self.component}-watcher.scope"
 
+    @property
+    def anchor_service(self) -> str:
+        return f"{PREFIX}-{self.component}-anchor.service"
+
+    @property
+    def launch_service(self) -> str:
+        return f"{PREFIX}-{self.component}-launch.service"
+
     def rank_scope(self, rank: int) -> str:
         return f"{PREFIX}-{self.component}-rank{rank}.scope"

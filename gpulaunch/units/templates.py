@@ -14,7 +14,8 @@ own, so an override directory may hold just `rank.scope`):
 3. `$XDG_CONFIG_HOME/gpulaunch/units/` (default `~/.config/gpulaunch/units/`), but
    never for root: `$HOME` and `$XDG_CONFIG_HOME` may name another user's directory
    (`sudo -E`), so root reads only the directories it names itself and `/etc`;
-4. the built-in templates, `gpulaunch/units/templates/` (package data).
+4. the built-in templates, the repository's top-level `units/` (package data in a wheel,
+   `gpulaunch.shipped`).
 
 Trust. Templates are rendered in jinja2's sandbox (`ImmutableSandboxedEnvironment`):
 no attributes starting with `_`, no calls to unsafe functions, no changes to the
@@ -26,8 +27,9 @@ A rendered unit that would defeat the job's guarantees (`KillMode=none`, `Slice=
 outside the job, `BindsTo=` removed, ...) is refused with the reason
 (`gpulaunch.units.guarantees`).
 
-Template context: the fields of `JobVars` (every template) and `RankVars`
-(`rank.scope`), typed and documented in gpulaunch/units/variables.py. None
+Template context: the fields of `JobVars` (every template), `RankVars` (`rank.scope`),
+`AnchorVars` (`anchor.service`) and `LaunchVars` (`launch.service`), typed and documented
+in gpulaunch/units/variables.py. None
 means "not set": guard such values with `{% if x is not none %}`. Printing
 None, or a value that contains a line break, is an error.
 
@@ -37,6 +39,8 @@ Filters:
   breaks and other control characters become spaces, `%` becomes `%%`.
 - `systemd_quote`: one word of a list setting that takes quotes
   (Documentation=, a DeviceAllow= path): `%` becomes `%%`, quoted if needed.
+- `systemd_word`: one word of ExecStart= or Environment= (any text, newlines included):
+  double-quoted with C escapes, `%` -> `%%`.
 - `specifier_escape`: only `%` -> `%%`.
 - `timespan`: seconds (int or float) -> a systemd time span ("30s", "1500ms").
 
@@ -58,6 +62,7 @@ from pathlib import Path
 import jinja2
 import jinja2.sandbox
 
+from gpulaunch import shipped
 from gpulaunch.errors import TemplateError, UnitFileError
 from gpulaunch.units.codec import parse_unit
 from gpulaunch.units.definitions import UnitDefinition
@@ -65,15 +70,22 @@ from gpulaunch.units.guarantees import JobUnitNames, check_unit
 from gpulaunch.units.trust import check_trusted, read_trusted
 from gpulaunch.units.variables import context_hint
 
-TEMPLATE_NAMES = ("job.slice", "ranks.slice", "watcher.scope", "rank.scope")
+TEMPLATE_NAMES = (
+    "job.slice",
+    "ranks.slice",
+    "watcher.scope",
+    "rank.scope",
+    "anchor.service",
+    "launch.service",
+)
 SYSTEM_DIR = Path("/etc/gpulaunch/units")
 
 _CONTEXT_HINT = context_hint()
 
 
 def builtin_dir() -> Path:
-    """The templates shipped with gpulaunch: `gpulaunch/units/templates/`, package data."""
-    return Path(__file__).parent / "templates"
+    """The templates shipped with gpulaunch: top-level `units/`, package data in a wheel."""
+    return shipped.units_dir()
 
 
 def user_dir(environ: Mapping[str, str]) -> Path:
@@ -130,6 +142,25 @@ def systemd_quote(value: object) -> str:
     if "'" not in text and "\\" not in text:
         return f"'{text}'"
     raise ValueError(f"cannot quote {text!r} for a unit file")
+
+
+def systemd_word(value: object) -> str:
+    """One word of ExecStart= or Environment=, whatever it holds: double-quoted, with C escapes
+    for `"`, `\\` and control characters, `%` doubled; `gpulaunch.units.codec.exec_words`
+    (as systemd) reads back exactly `value`."""
+    out = []
+    for c in str(value):
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c in "\n\t":
+            out.append("\\n" if c == "\n" else "\\t")
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\x{ord(c):02x}")
+        elif 0x80 <= ord(c) < 0xA0:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out).replace("%", "%%") + '"'
 
 
 def timespan(seconds: object) -> str:
@@ -266,6 +297,7 @@ class Templates:
         self._env.filters.update(
             systemd_text=systemd_text,
             systemd_quote=systemd_quote,
+            systemd_word=systemd_word,
             specifier_escape=specifier_escape,
             timespan=timespan,
         )

@@ -39,11 +39,39 @@ class RankVars(JobVars):
     device_allow: tuple[tuple[str, str], ...]  # (path, rights) pairs; empty: no isolation
 
 
+@dataclass(frozen=True)
+class AnchorVars(JobVars):
+    """What `anchor.service` gets on top of `JobVars` (supervisor/anchor.py says why)."""
+
+    python: str  # the Python that runs the anchor's program (gpulaunch's own)
+    program: str  # the anchor's program, for `python -I -S -c` (several lines: quote it)
+    watcher_pid: int  # the watcher it waits for
+    watcher_start_time: str  # its start time in clock ticks (/proc/PID/stat), against pid reuse
+
+
+@dataclass(frozen=True)
+class LaunchVars(JobVars):
+    """What `launch.service` gets on top of `JobVars`: the front end's watcher service
+    (frontend/unit.py says why it exists)."""
+
+    exec_start: tuple[str, ...]  # the watcher's command line, first the Python running it
+    working_directory: str  # the front end's current directory
+    environment: tuple[str, ...]  # the front end's environment, NAME=VALUE
+    limits: tuple[tuple[str, str, str], ...]  # (NAME, soft, hard) of the front end's rlimits
+    root_slice: str  # gpulaunch.slice
+    bus_name: str | None  # the front end's bus name (None: --detach, not tied to it)
+    stop_margin_sec: float  # beyond grace_sec, before systemd SIGKILLs a watcher that hangs
+
+
 def context_hint() -> str:
     """The variables a template may use, for error messages."""
     job = [f.name for f in dataclasses.fields(JobVars)]
-    rank = [f.name for f in dataclasses.fields(RankVars) if f.name not in job]
+
+    def extra(cls: type[JobVars]) -> str:
+        return ", ".join(f.name for f in dataclasses.fields(cls) if f.name not in job)
+
     return (
-        f"variables: {', '.join(job)}; rank.scope also {', '.join(rank)} "
-        "(gpulaunch/units/job.py documents them)"
+        f"variables: {', '.join(job)}; rank.scope also {extra(RankVars)}; anchor.service "
+        f"also {extra(AnchorVars)}; launch.service also {extra(LaunchVars)} "
+        "(gpulaunch/units/variables.py documents them)"
     )

@@ -2,8 +2,11 @@
 
 A test marked `gpu` needs an NVIDIA GPU; `@pytest.mark.gpu(needs=("cuda-torch",))` also
 needs a torch that can use it, `needs=("pystemd",)` gpulaunch's D-Bus binding (to run
-jobs). Where a need is not met, the test is *deselected* at collection (it never runs,
-so it can neither pass nor skip) and the terminal summary says why, one line per reason:
+jobs), `needs=("host-pids",)` jobs whose pids are the ones NVML and nvidia-smi report (the
+host's systemd, not in a pid namespace below the host's), `needs=("own-pid-namespace",)`
+the opposite: a check that cannot compare is not applicable, never "passed". Where a need
+is not met, the test is *deselected* at collection (it never runs, so it can neither pass
+nor skip) and the terminal summary says why, one line per reason:
 
     gpu: no NVIDIA GPU here (no /proc/driver/nvidia, NVML: ...) — 9 GPU checks not applicable
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-NEEDS = ("cuda-torch", "pystemd")
+NEEDS = ("cuda-torch", "pystemd", "host-pids", "own-pid-namespace")
 REASONS = pytest.StashKey[dict[str, list[str]]]()  # reason -> test ids not applicable
 PROBED = pytest.StashKey[dict[str, str | None]]()  # need -> why not (None: met)
 
@@ -98,9 +101,27 @@ def probe_pystemd() -> str | None:
     return None
 
 
+def probe_host_pids() -> str | None:
+    """None where the jobs' pids are the host's (what NVML reports), else why not."""
+    from gpulaunch.resources.sample import nested_pid_namespace
+    from sdbox import host_systemd_running
+
+    if not host_systemd_running():
+        return "the jobs run in the sdbox box, a pid namespace of its own (systemd is not PID 1)"
+    if nested_pid_namespace():
+        return "this systemd runs in a pid namespace below the host's (a container, a box)"
+    return None
+
+
+def probe_own_pid_namespace() -> str | None:
+    return "the jobs' pids are the host's" if probe_host_pids() is None else None
+
+
 PROBES: dict[str, Callable[[], str | None]] = {
     "cuda-torch": lambda: torch_summary()[1],
     "pystemd": probe_pystemd,
+    "host-pids": probe_host_pids,
+    "own-pid-namespace": probe_own_pid_namespace,
 }
 
 

@@ -18,7 +18,7 @@ BOX_TIMES = pytest.StashKey[dict[str, float]]()
 def box_files() -> dict[str, str]:
     """What setup installs into /etc for gpulaunch, written into a box before it boots."""
     # gpulaunch's D-Bus policy, as gpulaunch setup installs it (tests must not need setup).
-    policy = (REPO / "gpulaunch" / "data" / "dbus" / "io.gpulaunch.conf").read_text()
+    policy = (REPO / "packaging" / "dbus" / "io.gpulaunch.conf").read_text()
     return {"etc/dbus-1/system.d/io.gpulaunch.conf": policy}
 
 

@@ -18,7 +18,7 @@ from tests.integration.jobs import GPULAUNCH, REPO, Job
 pytestmark = pytest.mark.integration
 
 TALK = str(REPO / "tests" / "integration" / "scripts" / "talk.py")
-DROP_IN = (REPO / "gpulaunch" / "data" / "journald" / "60-gpulaunch.conf").read_text()
+DROP_IN = (REPO / "packaging" / "journald" / "60-gpulaunch.conf").read_text()
 
 
 def journal(job: Job, unit: str, *fields: str) -> list[dict[str, Any]]:

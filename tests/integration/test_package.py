@@ -9,6 +9,7 @@ warning), setup, a job with its job API on, doctor, the man page and the complet
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from gpulaunch.system.files import ALL
+from gpulaunch.units.templates import TEMPLATE_NAMES
 from sdbox import Box
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,10 +82,16 @@ def test_the_sdist_and_the_wheel_carry_what_an_installation_needs(dist: Path) ->
     (wheel,) = dist.glob("gpulaunch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     data = f"{wheel.name.split('-py3')[0]}.data/data/share"
+    # Every unit template and every file `setup` installs, from the top-level units/ and
+    # packaging/, as package data (gpulaunch/shipped.py finds them there).
+    templates = sorted(p.name for p in (REPO / "units").iterdir())
+    assert set(templates) >= set(TEMPLATE_NAMES), templates
+    installed = [str(f.source.relative_to(REPO)) for f in ALL]
+    assert all(name.startswith("packaging/") for name in installed), installed
     for shipped in (
-        "gpulaunch/data/dbus/io.gpulaunch.conf",
-        "gpulaunch/data/dbus/io.gpulaunch.Job1.xml",
-        "gpulaunch/data/journald/60-gpulaunch.conf",
+        *(f"gpulaunch/_shipped/units/{name}" for name in templates),
+        *(f"gpulaunch/_shipped/{name}" for name in installed),
+        "gpulaunch/_shipped/packaging/dbus/io.gpulaunch.Job1.xml",
         f"{data}/bash-completion/completions/gpulaunch",
         f"{data}/zsh/site-functions/_gpulaunch",
         f"{data}/man/man1/gpulaunch.1",
@@ -107,7 +116,7 @@ def test_the_sdist_and_the_wheel_carry_what_an_installation_needs(dist: Path) ->
     (sdist,) = dist.glob("gpulaunch-*.tar.gz")
     top = sdist.name.removesuffix(".tar.gz")
     members = set(tarfile.open(sdist).getnames())
-    for source in ("LICENSE", "hatch_build.py", "gpulaunch/data/dbus/io.gpulaunch.conf"):
+    for source in ("LICENSE", "hatch_build.py", "units/rank.scope", *installed):
         assert f"{top}/{source}" in members, source
     # Generated at build time, never committed.
     assert not any("completions" in m or m.endswith(".1") for m in members)
@@ -121,7 +130,7 @@ def box(dist: Path) -> Iterator[Box]:
     policy or journald drop-in, whatever the host has.
     """
     with Box(binds=[dist]) as b:
-        run(b, "rm", "-f", POLICY, DROP_IN)
+        run(b, "rm", "-f", POLICY, DROP_IN, *(f.target for f in ALL))
         reload_bus(b)
         run(b, "python3", "-m", "venv", VENV)  # the system Python, as a user has
         run(
@@ -173,6 +182,28 @@ def test_a_pip_installed_gpulaunch_from_first_job_to_doctor(box: Box, dist: Path
     assert where.stdout.startswith(f"{VENV}/lib/"), where.stdout
     assert run(box, GL, "--version").stdout.strip() == "gpulaunch 0.1.0"
 
+    # render: the units from the installed copy of the templates, the same text as from the
+    # repository's units/.
+    rendered = run(box, *in_work(GL, "render", "--job", "pk", "--nproc", "2", "train.py"))
+    shipped = where.stdout.strip().removesuffix("__init__.py") + "_shipped/units"
+    assert f"(from {shipped}/rank.scope)" in rendered.stdout, rendered.stdout
+    here = subprocess.run(
+        [sys.executable, "-m", "gpulaunch", "render", "--job", "pk", "--nproc", "2", "train.py"],
+        cwd=dist,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    def same(text: str, units: str) -> str:
+        # the anchor runs this Python and waits for this process: the only differences
+        return re.sub(
+            r"^ExecStart=.*$", "ExecStart=...", text.replace(units, "<units>"), flags=re.M
+        )
+
+    assert same(rendered.stdout, shipped) == same(here.stdout, str(REPO / "units"))
+    assert f'ExecStart="{VENV}/bin/python' in rendered.stdout  # the anchor, with the wheel's
+
     # Before setup: the job runs; one warning names the command that turns the API on.
     first = run(box, *in_work(GL, "start", "--nproc", "2", "train.py"))
     assert "rank 1 of 2 says hello" in first.stdout + first.stderr
@@ -195,6 +226,11 @@ def test_a_pip_installed_gpulaunch_from_first_job_to_doctor(box: Box, dist: Path
     done = run(box, GL, "setup")
     assert f"gpulaunch setup: installed {POLICY}" in done.stdout, done.stdout
     assert "reloaded" in done.stdout
+    # gpulaunch.slice from packaging/, for the system manager (reloaded), and /run/gpulaunch
+    fragment = run(box, "systemctl", "show", "-P", "FragmentPath", "gpulaunch.slice").stdout
+    assert fragment.strip() == "/etc/systemd/system/gpulaunch.slice", done.stdout
+    assert "created /run/gpulaunch" in done.stdout, done.stdout
+    assert run(box, "stat", "-c", "%a %U", "/run/gpulaunch").stdout.split() == ["755", "root"]
     again = run(box, GL, "setup")
     assert f"unchanged {POLICY}" in again.stdout and "nothing to change" in again.stdout
 

@@ -67,7 +67,7 @@ def test_root_does_not_run_another_users_template(other_home: str, job: Job) -> 
     assert res.returncode == 0, res.stderr
     assert not exists(job, marker), "the other user's template ran as root"
     assert f"# {job.names.job_slice} (from {units}/job.slice)" not in res.stdout
-    assert "/gpulaunch/units/templates/job.slice)" in res.stdout  # the built-in one
+    assert f"(from {REPO}/units/job.slice)" in res.stdout  # the built-in one
     res = render(job, env={"HOME": "/root", "XDG_CONFIG_HOME": f"{other_home}/.config"})
     assert res.returncode == 0, res.stderr
     assert not exists(job, marker)

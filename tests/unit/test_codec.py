@@ -404,7 +404,7 @@ def test_unknown_setting_lists_what_is_accepted() -> None:
         ("Slice", "BindsTo=a.scope", "slice", "BindsTo= belongs in [Unit], not [Slice]"),
         ("Unit", "KillMode=mixed", "scope", "KillMode= belongs in [Scope], not [Unit]"),
         ("Slice", "KillMode=mixed", "slice", "KillMode= is not valid for a slice unit"),
-        ("Slice", "TimeoutStopSec=5", "slice", "only scope units accept it"),
+        ("Slice", "TimeoutStopSec=5", "slice", "only scope and service units accept it"),
         ("Slice", "Slice=a.slice", "slice", "Slice= is not valid for a slice unit"),
         ("Slice", "Delegate=yes", "slice", "Delegate= is not valid for a slice unit"),
         ("Slice", "OOMPolicy=kill", "slice", "OOMPolicy= is not valid for a slice unit"),
@@ -504,7 +504,7 @@ def test_empty_text_and_empty_sections() -> None:
 
 def test_unit_type_is_checked() -> None:
     with pytest.raises(ValueError):
-        parse_unit("", "service", SOURCE)
+        parse_unit("", "socket", SOURCE)
 
 
 def test_values_fit_pystemd_signatures() -> None:

@@ -11,9 +11,7 @@ from gpulaunch.frontend.need import needs_frontend, own_cgroup
 from gpulaunch.frontend.unit import (
     environment,
     exit_status,
-    limit_properties,
     service_name,
-    service_properties,
     unit_object_path,
     watcher_argv,
 )
@@ -93,21 +91,9 @@ def test_unit_object_path_escapes_like_systemd() -> None:
     assert unit_object_path("1x.service").startswith("/org/freedesktop/systemd1/unit/_31x")
 
 
-def test_service_ties_its_life_to_the_front_end_unless_detached() -> None:
-    names = UnitNames.for_job("j")
-    common = dict(names=names, argv=["/py"], cwd="/", env=["A=1"], grace_sec=5.0, limits={})
-    props = {p.name: p.value for p in service_properties(frontend_name="io.x.p1", **common)}  # type: ignore[arg-type]
-    assert props["Type"] == "dbus" and props["BusName"] == "io.x.p1"
-    assert props["AddRef"] is True and props["CollectMode"] == "inactive-or-failed"
-    assert props["TimeoutStopUSec"] == 15_000_000
-    detached = {p.name: p.value for p in service_properties(frontend_name=None, **common)}  # type: ignore[arg-type]
-    assert detached["Type"] == "exec" and "BusName" not in detached
-    assert service_name(names) == "gpulaunch-j-launch.service"
-
-
-def test_limits_and_exit_status() -> None:
-    props = {p.name: p.value for p in limit_properties({"NOFILE": (1024, -1)})}
-    assert props == {"LimitNOFILE": 2**64 - 1, "LimitNOFILESoft": 1024}
+def test_service_name_and_exit_status() -> None:
+    # The service's properties: tests/unit/test_service_templates.py (units/launch.service).
+    assert service_name(UnitNames.for_job("j")) == "gpulaunch-j-launch.service"
     assert exit_status(1, 7) == 7
     assert exit_status(2, 9) == 137
     assert exit_status(0, 0) is None

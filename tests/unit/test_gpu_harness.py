@@ -174,3 +174,16 @@ def test_script_cpu_only(tmp_path: Path) -> None:
     assert collected >= 10
     assert page.count("| not applicable: no NVIDIA GPU here") == collected
     assert f"findings in {results}" in res.stderr
+
+
+def test_exactly_one_of_the_pid_needs_is_met() -> None:
+    """The GPU memory check compares with nvidia-smi only where the jobs' pids are the host's;
+    elsewhere the "says so" check runs instead: one of the two, never neither."""
+    from tests.gpu import gate
+
+    met = [need for need in ("host-pids", "own-pid-namespace") if gate.PROBES[need]() is None]
+    assert len(met) == 1, met
+    from sdbox import host_systemd_running
+
+    if not host_systemd_running():  # this machine's tests run in the box: nothing to compare
+        assert met == ["own-pid-namespace"]

@@ -27,7 +27,7 @@ def test_rate_limit_default_and_overrides(tmp_path: Path) -> None:
 
 
 def test_the_packaged_drop_in_lifts_the_limit(tmp_path: Path) -> None:
-    drop_in = Path(__file__).parents[2] / "gpulaunch/data/journald/60-gpulaunch.conf"
+    drop_in = Path(__file__).parents[2] / "packaging/journald/60-gpulaunch.conf"
     conf(tmp_path, "etc/systemd/journald.conf.d/60-gpulaunch.conf", drop_in.read_text())
     burst = rate_limit_burst(tmp_path)
     assert burst is not None and burst >= 10_000_000

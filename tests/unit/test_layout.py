@@ -44,6 +44,7 @@ def test_the_flat_package_holds_only_what_the_whole_program_shares() -> None:
         "numberlist.py",
         "options.py",
         "report.py",
+        "shipped.py",
         "start.py",
     ]
 

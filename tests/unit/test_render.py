@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpulaunch import cli
 from gpulaunch.units.codec import parse_unit
+from gpulaunch.units.job import start_time
 from gpulaunch.units.templates import SYSTEM_DIR, builtin_dir
 from tests.fake_machine import four_gpu_machine
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "render-4-ranks.txt"
 UPDATE = os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1"
-HEADER = re.compile(r"^# (\S+\.(?:slice|scope)) \(from (.+)\)$", re.M)
+HEADER = re.compile(r"^# (\S+\.(?:slice|scope|service)) \(from (.+)\)$", re.M)
 
 
 def render(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -57,13 +59,18 @@ def test_render_four_ranks_snapshot(workdir: Path, capsys: pytest.CaptureFixture
         ],
         capsys,
     )
-    text = out.replace(str(builtin_dir()), "<units>")
+    # The anchor is rendered for this process, the one that would be the watcher.
+    watcher = f'{os.getpid()} "{start_time(os.getpid())}"'
+    assert watcher in out
+    text = out.replace(str(builtin_dir()), "<units>").replace(watcher, '<pid> "<start time>"')
+    text = text.replace(f'"{sys.executable}"', '"<python>"')
     if UPDATE:
         SNAPSHOT.write_text(text)
     assert text == SNAPSHOT.read_text(), f"{SNAPSHOT} differs; see the module docstring"
     names = HEADER.findall(out)
     assert [name for name, _ in names] == [
         "gpulaunch-demo.slice",
+        "gpulaunch-demo-anchor.service",
         "gpulaunch-demo-watcher.scope",
         "gpulaunch-demo-ranks.slice",
         *(f"gpulaunch-demo-rank{r}.scope" for r in range(4)),
@@ -117,3 +124,30 @@ def test_bad_job_memory_max_is_an_option_error(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("gpulaunch: error: --job-memory-max lots:") and err.count("\n") == 1
+
+
+def test_render_shows_the_front_ends_service_where_start_would_use_it(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ordinary user outside their user manager's tree: `start` runs the watcher as the
+    front end's service (units/launch.service), and `render` prints it last."""
+    import gpulaunch.frontend.need
+
+    argv = ["render", "--user", "--supervisor", "systemd", "--job", "fe", "train.py", "x"]
+    before = HEADER.findall(render(argv[1:], capsys))
+    assert "gpulaunch-fe-launch.service" not in [name for name, _ in before]  # root: no
+
+    monkeypatch.setattr(gpulaunch.frontend.need, "needs_frontend", lambda manager: True)
+    monkeypatch.setenv("GL_RENDER_TEST", 'a "b"\n%c')
+    out = render(argv[1:], capsys)
+    names = [name for name, _ in HEADER.findall(out)]
+    assert names[-1] == "gpulaunch-fe-launch.service", names
+    text = out[out.index("# gpulaunch-fe-launch.service") :].split("\n", 1)[1]
+    props = {p.name: p.value for p in parse_unit(text, "service", "-")}
+    ((path, args, _),) = props["ExecStart"]  # type: ignore[misc]
+    assert path == sys.executable
+    assert args == [sys.executable, "-m", "gpulaunch", "start", "--frontend-child",
+                    "--job", "fe", *argv[1:], ]  # fmt: skip
+    assert 'GL_RENDER_TEST=a "b"\n%c' in props["Environment"]  # type: ignore[operator]
+    assert props["WorkingDirectory"] == str(workdir)
+    assert props["Type"] == "dbus" and str(props["BusName"]).endswith(f".p{os.getpid()}")

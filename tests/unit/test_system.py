@@ -15,7 +15,14 @@ from gpulaunch.cli import main
 from gpulaunch.model import Manager
 from gpulaunch.system import checks, doctor
 from gpulaunch.system.checks import Finding, Machine, Status
-from gpulaunch.system.files import BUS_POLICY, JOURNALD_DROP_IN
+from gpulaunch.system.files import (
+    ALL,
+    BUS_POLICY,
+    JOURNALD_DROP_IN,
+    SYSTEM_SLICE,
+    TMPFILES,
+    USER_SLICE,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,8 +39,10 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_shipped_files_exist() -> None:
-    for file in (BUS_POLICY, JOURNALD_DROP_IN):
+    for file in ALL:
         assert file.source.is_file(), file.source
+        # one source: the repository's packaging/ (a wheel's copy of it when installed)
+        assert file.source.is_relative_to(Path(__file__).parents[2] / "packaging"), file.source
 
 
 def test_setup_installs_idempotently_and_uninstalls(
@@ -41,13 +50,17 @@ def test_setup_installs_idempotently_and_uninstalls(
 ) -> None:
     root = str(tmp_path)
     policy, drop_in = BUS_POLICY.at(tmp_path), JOURNALD_DROP_IN.at(tmp_path)
+    defaults = [f.at(tmp_path) for f in (SYSTEM_SLICE, USER_SLICE, TMPFILES)]
     code, out, _ = gl(capsys, "setup", "--root", root)
-    assert code == 0 and out == f"gpulaunch setup: installed {policy}\n"
+    assert code == 0 and out.splitlines() == [
+        f"gpulaunch setup: installed {path}" for path in (policy, *defaults)
+    ]
     assert policy.read_bytes() == BUS_POLICY.source.read_bytes()
+    assert all(path.read_bytes() == SYSTEM_SLICE.source.read_bytes() for path in defaults[:2])
     assert not drop_in.exists()  # only with --journald
     code, out, _ = gl(capsys, "setup", "--root", root, "--journald")
     assert out.splitlines() == [
-        f"gpulaunch setup: unchanged {policy}",
+        *(f"gpulaunch setup: unchanged {path}" for path in (policy, *defaults)),
         f"gpulaunch setup: installed {drop_in}",
     ]
     policy.write_text("<busconfig/>")  # an older version
@@ -58,6 +71,7 @@ def test_setup_installs_idempotently_and_uninstalls(
     code, out, _ = gl(capsys, "setup", "--root", root, "--uninstall")
     assert code == 0 and f"removed {policy}" in out and f"removed {drop_in}" in out
     assert not policy.exists() and not drop_in.exists()
+    assert not any(path.exists() for path in defaults)
 
 
 def test_setup_on_the_machine_needs_root() -> None:
@@ -190,3 +204,15 @@ def test_doctor_table_and_json() -> None:
     data = doctor.as_json(findings)
     assert data["can_run"] is True and data["supervisor"] == "systemd"
     assert json.loads(json.dumps(data))["checks"][1]["status"] == "warn"
+
+
+def test_the_shipped_slice_is_valid_with_every_default_set() -> None:
+    """packaging/systemd/gpulaunch.slice: what an admin uncomments is a valid setting."""
+    from gpulaunch.units.codec import parse_unit
+
+    text = SYSTEM_SLICE.source.read_text()
+    assert parse_unit(text, "slice", "gpulaunch.slice")  # Description=, Before=, ...
+    section = text.split("[Slice]\n")[1].splitlines()
+    tuned = "\n".join(line.removeprefix("#") for line in section if "=" in line)
+    props = {p.name for p in parse_unit(f"[Slice]\n{tuned}", "slice", "-")}
+    assert {"MemoryMaxScale", "CPUWeight", "IOWeight", "TasksMax"} <= props, props  # 90%: a scale

@@ -29,7 +29,7 @@ from gpulaunch.units.templates import (
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1"
-REPO_UNITS = Path(__file__).parents[2] / "gpulaunch" / "units" / "templates"
+REPO_UNITS = Path(__file__).parents[2] / "units"
 # An ordinary invoking user whose files these are (as root: files are root's, trusted anyway).
 ORDINARY = os.geteuid() or 65534
 

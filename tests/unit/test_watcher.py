@@ -152,6 +152,8 @@ def make_job(
         ranks_slice=unit(names.ranks_slice),
         watcher=unit(names.watcher_scope),
         ranks=tuple(unit(r.unit) for r in ranks),
+        anchor=lambda pid: unit(anchor_name(names.job_slice)),
+        launch=lambda setup: unit(names.launch_service),
     )
     return spec, units
 
