@@ -216,10 +216,11 @@ class Systemd:
         return self
 
     def _open(self) -> None:
-        private = self.manager is Manager.SYSTEM and _private_socket_usable()
+        socket = self._private_socket()
+        private = socket is not None
         bus: Any = (
-            DBusAddress(f"unix:path={PRIVATE_SOCKET}".encode(), peer_to_peer=True)
-            if private
+            DBusAddress(f"unix:path={socket}".encode(), peer_to_peer=True)
+            if socket is not None
             else DBus(user_mode=self.manager is Manager.USER)
         )
         try:
@@ -276,6 +277,19 @@ class Systemd:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def _private_socket(self) -> str | None:
+        """The manager's own socket where we use it: root's system manager; a user manager
+        without a user bus (frontend/userbus.py: no bus daemon, so no bus names)."""
+        if self.manager is Manager.SYSTEM:
+            return PRIVATE_SOCKET if _private_socket_usable() else None
+        from gpulaunch.frontend.userbus import find_user_manager
+
+        try:
+            found = find_user_manager()
+        except NoSystemdError:
+            return None  # DBus(user_mode=True) then fails with sd-bus's own words
+        return found.path if found.peer else None
 
     def close(self) -> None:
         if self._bus is not None:

@@ -1,0 +1,97 @@
+"""An SSH user whose user manager runs but who has no user bus (issue 29).
+
+A minimal server (no `dbus-user-session`) starts `user@UID.service` for an SSH
+login but no bus: `systemctl --user` reaches the manager on its private socket
+only. Reproduced in the box by masking the user's `dbus.socket` and stopping
+it, which leaves the socket file behind (`RemoveOnStop=` is off): a bus path
+that exists and refuses connections, the harder of the two cases. The login
+shell is a session scope of root's, as in test_frontend.py: the front end runs,
+over the private socket, and its death tie is a service (frontend/tie.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+import pytest
+
+from tests.integration.jobs import GPULAUNCH, Job, wait_until
+from tests.integration.test_frontend import Login, assert_user_clean, make_user
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def nobus(box: Any) -> Login:
+    login = make_user(box, "glnobus", manager=True)
+    runtime = f"/run/user/{login.uid}"
+    box.run(
+        ["runuser", "-u", login.user, "--", "env", f"XDG_RUNTIME_DIR={runtime}",
+         "systemctl", "--user", "mask", "--now", "dbus.socket", "dbus.service"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    # the stopped socket's file stays: it exists and refuses connections
+    mode = box.run(["stat", "-c", "%f", f"{runtime}/bus"], capture_output=True, text=True)
+    assert mode.returncode == 0 and stat.S_ISSOCK(int(mode.stdout, 16)), mode
+    return login
+
+
+@pytest.fixture
+def ujob(job: Job) -> Job:
+    os.chmod(job.dir, 0o777)
+    return job
+
+
+def test_a_job_under_the_user_manager_without_a_user_bus(nobus: Login, ujob: Job) -> None:
+    res = nobus.run(ujob.argv("--nproc", "2", script_args=["--print"]))
+    assert res.returncode == 0, res.stderr
+    where = f"0::/user.slice/user-{nobus.uid}.slice/user@{nobus.uid}.service/gpulaunch.slice/"
+    for rank in range(2):
+        assert f"rank {rank} cgroup {where}{ujob.names.job_slice}/{ujob.names.ranks_slice}/" in (
+            res.stdout
+        ), res.stdout
+    assert "systemd supervisor" in res.stderr and "direct supervisor" not in res.stderr
+    line = next(x for x in res.stderr.splitlines() if "no user bus" in x)
+    assert f"/run/user/{nobus.uid}/bus refuses connections" in line, line
+    assert "dbus-user-session" in line, line
+    assert "Traceback" not in res.stderr
+    assert_user_clean(nobus, ujob)
+
+
+def test_a_failing_rank_without_a_user_bus(nobus: Login, ujob: Job) -> None:
+    res = nobus.run(
+        ujob.argv(
+            "--nproc", "3", script_args=["--sleep", "60", "--exit", "1:7", "--fail-after", "0.3"]
+        )
+    )
+    assert res.returncode == 7, res.stderr
+    assert "failed: rank 1 exit 7" in res.stderr
+    assert_user_clean(nobus, ujob)
+
+
+def test_front_end_killed_without_a_user_bus(nobus: Login, ujob: Job) -> None:
+    """No bus name to lose: the tie service sees the front end's pidfd and stops the job."""
+    proc = nobus.popen(ujob.argv("--nproc", "2", script_args=["--sleep", "300", "--print"]))
+    try:
+        for rank in range(2):
+            ujob.wait_file(f"rank{rank}.ready")
+        pid = nobus.frontend_pid(ujob)
+        nobus.box.run(["kill", "-KILL", str(pid)], check=True)
+        took = wait_until(lambda: not ujob.alive(), 30, "every rank process to be gone")
+        print(f"all rank processes gone {took:.3f}s after SIGKILL of the front end")
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert_user_clean(nobus, ujob)
+    # the watcher was stopped as on a SIGTERM, and said so in its record
+    status = nobus.run([GPULAUNCH, "status", ujob.id])
+    assert "143" in status.stdout + status.stderr, status
+
+
+def test_supervisor_systemd_needs_no_user_bus(nobus: Login, ujob: Job) -> None:
+    res = nobus.run(ujob.argv("--nproc", "1", "--supervisor", "systemd"))
+    assert res.returncode == 0, res.stderr
+    assert "no user bus" in res.stderr
+    assert_user_clean(nobus, ujob)
