@@ -78,7 +78,10 @@ def socket_problem(path: str) -> str | None:
         sock.connect(path)
     except OSError as exc:
         if exc.errno == errno.ECONNREFUSED:
-            return f"{path} refuses connections: nothing listens (a stopped dbus.socket leaves its file)"
+            return (
+                f"{path} refuses connections: nothing listens "
+                "(a stopped dbus.socket leaves its file)"
+            )
         return f"{path}: {exc.strerror or exc}"
     finally:
         sock.close()
@@ -130,3 +133,12 @@ def find_user_manager(
         f"{private}, so it does not run for you",
         hint,
     )
+
+
+def user_private_socket() -> str | None:
+    """The user manager's private socket where there is no user bus (pystemd then uses it)."""
+    try:
+        found = find_user_manager()
+    except NoSystemdError:
+        return None  # sd-bus's own connection then fails with its own words
+    return found.path if found.peer else None

@@ -215,7 +215,7 @@ def _live(view: JobView) -> str:
             (
                 str(r.rank),
                 str(r.local_rank),
-                r.unit,
+                r.unit or "-",  # no unit: the direct supervisor
                 str(r.pid) if r.pid else "-",
                 r.state,
                 ex.describe() if ended and ex is not None else "-",

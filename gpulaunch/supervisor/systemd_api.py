@@ -56,6 +56,7 @@ from gpulaunch.errors import (
     SystemdError,
     TemplateError,
 )
+from gpulaunch.frontend.userbus import user_private_socket
 from gpulaunch.model import Manager
 from gpulaunch.units.codec import Property
 
@@ -216,8 +217,7 @@ class Systemd:
         return self
 
     def _open(self) -> None:
-        socket = self._private_socket()
-        private = socket is not None
+        private = (socket := _own_socket(self.manager)) is not None
         bus: Any = (
             DBusAddress(f"unix:path={socket}".encode(), peer_to_peer=True)
             if socket is not None
@@ -277,19 +277,6 @@ class Systemd:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def _private_socket(self) -> str | None:
-        """The manager's own socket where we use it: root's system manager; a user manager
-        without a user bus (frontend/userbus.py: no bus daemon, so no bus names)."""
-        if self.manager is Manager.SYSTEM:
-            return PRIVATE_SOCKET if _private_socket_usable() else None
-        from gpulaunch.frontend.userbus import find_user_manager
-
-        try:
-            found = find_user_manager()
-        except NoSystemdError:
-            return None  # DBus(user_mode=True) then fails with sd-bus's own words
-        return found.path if found.peer else None
 
     def close(self) -> None:
         if self._bus is not None:
@@ -484,9 +471,11 @@ class Systemd:
         return out
 
 
-def _private_socket_usable() -> bool:
-    """Root can talk to the system manager directly, without the D-Bus daemon."""
-    return os.geteuid() == 0 and os.access(PRIVATE_SOCKET, os.W_OK)
+def _own_socket(manager: Manager) -> str | None:
+    """The manager's own socket (no bus daemon): root's system one; a user's without a bus."""
+    if manager is Manager.USER:
+        return user_private_socket()
+    return PRIVATE_SOCKET if os.geteuid() == 0 and os.access(PRIVATE_SOCKET, os.W_OK) else None
 
 
 def _properties(props: Sequence[Property]) -> list[Any]:

@@ -74,7 +74,7 @@ class Watcher(EventLoop):
         self.clock = clock
         self.on_created = on_created  # called once the job's units exist
         self.phase = Phase.STARTING
-        self.ranks = [Rank(spec=r) for r in spec.ranks]
+        self.ranks = [Rank(spec=r, units=supervisor.name != "direct") for r in spec.ranks]
         self.interrupt: tuple[float, int] | None = None
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
         self.interrupted_by: str | None = None
@@ -158,7 +158,7 @@ class Watcher(EventLoop):
             f"gpulaunch: rank {cause.spec.rank} {cause.exit.describe()}; restarting all "
             f"ranks (restart {self.attempt} of {self.spec.max_restarts})"
         )
-        self.ranks = [Rank(spec=r) for r in self.spec.ranks]
+        self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
         self.stop_issued = False
         self._settle = Settle(self.spec.grace_sec)
         self._all_forked = False

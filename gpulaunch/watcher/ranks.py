@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +26,23 @@ class Rank:
     error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
     journal_missed: bool = False  # its pump could not hand journald every line
+    units: bool = True  # its supervisor makes units (systemd); the direct one makes none
+
+    @property
+    def unit(self) -> str:
+        """Its scope's name where units exist, else "" (never a unit that does not exist)."""
+        return self.spec.unit if self.units else ""
 
     def release(self) -> None:
         """Open its gates (rank and pump), noting its scope's cgroup first: a zombie's
-        /proc/PID/cgroup no longer names it, and the report reads it at the end."""
+        /proc/PID/cgroup no longer names it, and the report reads it at the end.
+
+        A cgroup it shares with the watcher (process groups: a login session's
+        scope, a Slurm step) is not its own: none then, and its figures come from
+        its own processes (wait4), never the shared cgroup's."""
         assert self.child is not None and self.pump is not None
-        self.cgroup = cgroup_of(self.child.pid)
+        group = cgroup_of(self.child.pid)
+        self.cgroup = None if group == cgroup_of(os.getpid()) else group
         self.pump.release()
         self.child.release()
 
@@ -42,7 +54,7 @@ class Rank:
         return RankProgress(
             rank=self.spec.rank,
             local_rank=self.spec.local_rank,
-            unit=self.spec.unit,
+            unit=self.unit,
             state=self.state,
             pid=self.child.pid if self.child is not None else None,
             stop_requested=self.stop_requested,

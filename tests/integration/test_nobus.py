@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import os
 import stat
+import uuid
 from typing import Any
 
 import pytest
 
-from tests.integration.jobs import GPULAUNCH, Job, wait_until
+from tests.integration.container import container
+from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, wait_until
+from tests.integration.test_direct import PGROUP_LINE, gpulaunch
 from tests.integration.test_frontend import Login, assert_user_clean, make_user
 
 pytestmark = pytest.mark.integration
@@ -95,3 +98,31 @@ def test_supervisor_systemd_needs_no_user_bus(nobus: Login, ujob: Job) -> None:
     assert res.returncode == 0, res.stderr
     assert "no user bus" in res.stderr
     assert_user_clean(nobus, ujob)
+
+
+def test_process_groups_report_each_ranks_own_figures() -> None:
+    """The direct supervisor with process groups (a container's read-only cgroup2, as
+    Docker mounts it): the ranks share the watcher's cgroup, so no figure of it is a rank's;
+    each rank's CPU and peak memory come from wait4, and no unit is named (none exists)."""
+    out = SHARED / f"nobus-{uuid.uuid4().hex[:8]}"
+    (out / "state").mkdir(parents=True)
+    script = str(REPO / "tests" / "integration" / "scripts" / "usage_rank.py")
+    cmd = gpulaunch(
+        out, "start", "--nproc", "2", "--job", "own", script, "--dir", str(out),
+        "--hold-rank", "1", "--hold-mb", "200", "--seconds", "0.5",
+    )  # fmt: skip
+    with container(read_only=True) as ct:
+        res = ct.run(f"{cmd} 2>&1")
+    assert res.returncode == 0, res.stdout
+    assert PGROUP_LINE in res.stdout, res.stdout
+    rows = {
+        line.split()[0]: line.split()
+        for line in res.stdout.splitlines()
+        if line.split()[:1] in (["0"], ["1"]) and "exit" in line
+    }
+    assert rows["0"][1] == "-" and rows["1"][1] == "-", res.stdout  # no unit names
+    assert "gpulaunch-own-rank" not in res.stdout, res.stdout
+    assert "the unit's cgroup" not in res.stdout, res.stdout
+    assert "cpu: from wait4" in res.stdout and "peak mem: from wait4" in res.stdout, res.stdout
+    peak = {rank: float(row[-2]) for rank, row in rows.items() if row[-1] == "MiB"}
+    assert peak["1"] >= 200 and peak["0"] < 100, res.stdout  # each its own, not the session's
