@@ -126,3 +126,14 @@ def test_process_groups_report_each_ranks_own_figures() -> None:
     assert "cpu: from wait4" in res.stdout and "peak mem: from wait4" in res.stdout, res.stdout
     peak = {rank: float(row[-2]) for rank, row in rows.items() if row[-1] == "MiB"}
     assert peak["1"] >= 200 and peak["0"] < 100, res.stdout  # each its own, not the session's
+
+
+def test_doctor_says_there_is_no_user_bus(nobus: Login) -> None:
+    res = nobus.run([GPULAUNCH, "doctor"])
+    assert res.returncode == 0, res.stdout + res.stderr  # a job runs here
+    row = next(line for line in res.stdout.splitlines() if "user bus" in line)
+    assert "warn" in row and "refuses connections" in row and "systemd/private" in row, row
+    assert "dbus-user-session" in res.stdout
+    manager = next(line for line in res.stdout.splitlines() if "user manager (default)" in line)
+    assert "reachable" in manager, res.stdout
+    assert "systemd: the user manager answers" in res.stdout, res.stdout
