@@ -137,3 +137,25 @@ def test_doctor_says_there_is_no_user_bus(nobus: Login) -> None:
     manager = next(line for line in res.stdout.splitlines() if "user manager (default)" in line)
     assert "reachable" in manager, res.stdout
     assert "systemd: the user manager answers" in res.stdout, res.stdout
+
+
+def test_status_wait_and_stop_without_a_user_bus(nobus: Login, ujob: Job) -> None:
+    """The job API's tools read the record file (no bus to publish the job on)."""
+    proc = nobus.popen(ujob.argv("--nproc", "2", script_args=["--sleep", "300"]))
+    try:
+        for rank in range(2):
+            ujob.wait_file(f"rank{rank}.ready")
+        status = nobus.run([GPULAUNCH, "status", ujob.id])
+        assert status.returncode == 0 and f"job {ujob.id}: running" in status.stdout, status
+        assert ujob.names.rank_scope(1) in status.stdout, status.stdout  # its units exist
+        stop = nobus.run([GPULAUNCH, "stop", ujob.id])
+        assert stop.returncode == 0, stop.stderr
+        assert f"job {ujob.id} stopped by SIGTERM (status 143)" in stop.stderr, stop.stderr
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        waited = nobus.run([GPULAUNCH, "wait", ujob.id])
+        assert waited.returncode == 143, waited.stderr
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert_user_clean(nobus, ujob)
