@@ -159,3 +159,23 @@ def test_status_wait_and_stop_without_a_user_bus(nobus: Login, ujob: Job) -> Non
         proc.kill()
         proc.communicate()
     assert_user_clean(nobus, ujob)
+
+
+def test_interrupt_and_detach_without_a_user_bus(nobus: Login, ujob: Job) -> None:
+    """Ctrl-C reaches the watcher through the manager's private socket (KillUnit); a detached
+    job outlives its front end and `wait` reads its record file."""
+    proc = nobus.popen(ujob.argv("--nproc", "2", script_args=["--sleep", "300"]))
+    for rank in range(2):
+        ujob.wait_file(f"rank{rank}.ready")
+    nobus.box.run(["kill", "-INT", str(nobus.frontend_pid(ujob))], check=True)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "stopped by SIGINT (status 130)" in err, err
+    assert_user_clean(nobus, ujob)
+    detached = Job(ujob.box, ujob.id + "-d", ujob.dir)
+    res = nobus.run(detached.argv("--nproc", "2", "--detach", script_args=["--sleep", "1"]))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == detached.id
+    waited = nobus.run([GPULAUNCH, "wait", detached.id])
+    assert waited.returncode == 0, waited.stderr
+    assert_user_clean(nobus, detached)
