@@ -179,3 +179,17 @@ def test_interrupt_and_detach_without_a_user_bus(nobus: Login, ujob: Job) -> Non
     waited = nobus.run([GPULAUNCH, "wait", detached.id])
     assert waited.returncode == 0, waited.stderr
     assert_user_clean(nobus, detached)
+
+
+def test_user_manager_reexec_under_a_job_without_a_user_bus(nobus: Login, ujob: Job) -> None:
+    """daemon-reexec closes every connection to the manager: the job goes on (no bus name
+    was lost), the watcher reconnects, and the front end follows the watcher to its end."""
+    proc = nobus.popen(ujob.argv("--nproc", "2", script_args=["--sleep", "4"]))
+    for rank in range(2):
+        ujob.wait_file(f"rank{rank}.ready")
+    reexec = nobus.run(["systemctl", "--user", "daemon-reexec"])
+    assert reexec.returncode == 0, reexec.stderr
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "closed our connection" in err and "ended with status 0" in err, err
+    assert_user_clean(nobus, ujob)
