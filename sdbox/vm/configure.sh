@@ -31,13 +31,13 @@ printf '/dev/vda / ext4 rw,relatime 0 1\n' >/etc/fstab
 # The checkout comes per boot on a second disk (sdbox/vm/machine.py), a throwaway copy:
 # writable (tests write under it); nofail: a boot without it still comes up.
 mkdir -p /src
-printf '/dev/vdb /src ext4 rw,nofail,x-systemd.device-timeout=10s 0 0\n' >>/etc/fstab
+printf '/dev/vdb /src ext4 rw,nofail 0 0\n' >>/etc/fstab
 
 # Ready marker on the serial console: the host waits for this line, not polling ssh.
 cat >/etc/systemd/system/sdbox-vm-ready.service <<'EOF'
 [Unit]
 Description=Tell the host (serial console) that the VM is up
-After=multi-user.target ssh.service
+After=multi-user.target ssh.service src.mount
 Wants=ssh.service
 
 [Service]
@@ -50,7 +50,9 @@ EOF
 systemctl enable sdbox-vm-ready.service
 # Nothing periodic that would compete for the (slow, emulated) CPUs during tests.
 for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
-    man-db.timer dpkg-db-backup.timer logrotate.timer; do
+    man-db.timer dpkg-db-backup.timer logrotate.timer podman-auto-update.timer \
+    podman-auto-update.service podman-restart.service systemd-networkd-wait-online.service \
+    e2scrub_reap.service; do
     systemctl mask "$unit" >/dev/null 2>&1 || true
 done
 systemctl mask getty@tty1.service >/dev/null 2>&1 || true

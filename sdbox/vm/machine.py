@@ -243,7 +243,7 @@ class Machine:
                 log.write(line)
                 log.flush()
                 self._tail.append(line.decode(errors="replace").rstrip())
-                if line.startswith(READY):
+                if READY in line:  # after a getty prompt, maybe, on the same line
                     self._ready.set()
         self._ready.set()  # qemu exited: wake the boot wait (it checks poll())
 
@@ -261,16 +261,30 @@ class Machine:
 
     def stop(self) -> None:
         """Stop qemu and remove the overlay and the checkout disk (the console log too)."""
+        if self.state is not None and self._proc is not None:
+            for user in USERS:  # the shared logins' masters (they would see qemu go anyway)
+                if (self.state / f"ssh-{user}").exists():
+                    subprocess.run([*self.ssh_command(user), "-O", "exit"],
+                                   capture_output=True, check=False, timeout=30)  # fmt: skip
         self._kill()
         if self.state is not None and os.environ.get("SDBOX_VM_KEEP") != "1":
             shutil.rmtree(self.state, ignore_errors=True)
 
     # -- using it ---------------------------------------------------------------
 
-    def ssh_command(self, user: str = "root", tty: bool = False) -> list[str]:
-        assert self.image is not None
+    def ssh_command(self, user: str = "root", tty: bool = False, fresh: bool = False) -> list[str]:
+        """ssh argv for user. By default one login per user is kept open and later
+        commands share it (ControlMaster): a login costs ~15 s in TCG (PAM, the user's
+        manager), and shared commands run in that same session scope. fresh: a login
+        of its own (its own session-N.scope; for logout tests)."""
+        assert self.image is not None and self.state is not None
+        if fresh:
+            mux = ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+        else:
+            mux = ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.state}/ssh-%r",
+                   "-o", "ControlPersist=yes"]  # fmt: skip
         return [
-            "ssh", *SSH_OPTIONS, "-i", str(self.image.key), "-p", str(self.port),
+            "ssh", *SSH_OPTIONS, *mux, "-i", str(self.image.key), "-p", str(self.port),
             *(["-t"] if tty else ["-T"]), f"{user}@127.0.0.1",
         ]  # fmt: skip
 
@@ -281,12 +295,13 @@ class Machine:
         check: bool = False,
         timeout: float | None = 600,
         input: str | None = None,
+        fresh: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """Run command (a shell line, or argv quoted for one) as user over SSH: a real
-        login (pam_systemd session scope, PAM's limits)."""
+        login (pam_systemd session scope, PAM's limits); see ssh_command for fresh."""
         line = command if isinstance(command, str) else shlex.join(command)
         proc = subprocess.run(
-            [*self.ssh_command(user), line],
+            [*self.ssh_command(user, fresh=fresh), line],
             capture_output=True, text=True, timeout=timeout, input=input, check=False,
         )  # fmt: skip
         if check and proc.returncode != 0:
@@ -296,10 +311,12 @@ class Machine:
             )
         return proc
 
-    def popen(self, command: str | Sequence[str], user: str = "root") -> subprocess.Popen[str]:
+    def popen(
+        self, command: str | Sequence[str], user: str = "root", fresh: bool = False
+    ) -> subprocess.Popen[str]:
         line = command if isinstance(command, str) else shlex.join(command)
         return subprocess.Popen(
-            [*self.ssh_command(user), line],
+            [*self.ssh_command(user, fresh=fresh), line],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         )  # fmt: skip
 
