@@ -24,7 +24,8 @@ def test_ssh_user_gets_session_scope_limits_and_user_manager(vm: Machine) -> Non
     out = vm.run(
         "id -u; ulimit -n; cat /proc/self/cgroup; echo $XDG_RUNTIME_DIR; test -S"
         " $XDG_RUNTIME_DIR/bus && echo bus;"
-        " u=$(id -u); cat /sys/fs/cgroup/user.slice/user-$u.slice/user@$u.service/cgroup.controllers",
+        " u=$(id -u); cat /sys/fs/cgroup/user.slice/user-$u.slice/user@$u.service/"
+        "cgroup.controllers",
         user="alice",
         check=True,
     ).stdout.split("\n")
