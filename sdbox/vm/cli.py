@@ -78,10 +78,9 @@ def _boot(args: argparse.Namespace) -> int:
         (vm.state / "key").write_text(f"{vm.image.key}\n")
         (vm.state / "pid").write_text(f"{os.getpid()}\n")
         print(f"VM up: python -m sdbox vm ssh --vm {vm.state} USER -- CMD  (^C stops it)")
-        try:
-            signal.sigwait({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-        except KeyboardInterrupt:
-            pass
+        signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # taken by sigwait, not handlers
+        signal.sigwait(signals)
     return 0
 
 

@@ -117,6 +117,26 @@ def choose_accels() -> list[str]:
     return ["kvm", "tcg"]
 
 
+def clean_stale_runs(min_age: float = 3600.0) -> list[Path]:
+    """Remove run directories of VMs whose qemu is gone (a test run killed with -9)."""
+    removed = []
+    for run in ROOT.glob("run-*"):
+        try:
+            pid = int((run / "qemu.pid").read_text())
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if str(run).encode() in cmd:
+                continue  # its qemu still runs
+        except (OSError, ValueError):
+            try:
+                if time.time() - run.stat().st_mtime < min_age and not (run / "qemu.pid").exists():
+                    continue  # being set up right now
+            except OSError:
+                continue
+        shutil.rmtree(run, ignore_errors=True)
+        removed.append(run)
+    return removed
+
+
 class Machine:
     """One booted VM; a context manager (enter boots, exit stops and removes it all)."""
 
@@ -172,6 +192,7 @@ class Machine:
         if self.image is None:
             self.image = ensure(log=self.log)
         ROOT.mkdir(parents=True, exist_ok=True)
+        clean_stale_runs()
         self.state = Path(tempfile.mkdtemp(prefix="run-", dir=ROOT))
         overlay = self.state / "overlay.qcow2"
         subprocess.run(
@@ -231,6 +252,7 @@ class Machine:
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # a terminal's ^C goes to us, we stop qemu
         )  # fmt: skip
+        (self.state / "qemu.pid").write_text(f"{self._proc.pid}\n")
         reader = threading.Thread(target=self._read_console, args=(self._proc,), daemon=True)
         reader.start()
         self._ready.wait(timeout)
