@@ -31,6 +31,8 @@ PACKAGES=(
 )
 # The Slurm tests run a real Slurm (one slurmd per systemd box, tests/integration/slurm.py).
 TEST_PACKAGES=(slurmd slurmctld slurm-client munge)
+# The VM lab (sdbox/vm/, tests/vm/): a Debian 12 image and qemu to boot it.
+TEST_PACKAGES+=(debootstrap qemu-system-x86 qemu-utils e2fsprogs openssh-client)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root (apt-get and the systemd box need it), e.g. sudo $0" >&2
