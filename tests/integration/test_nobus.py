@@ -103,16 +103,27 @@ def test_supervisor_systemd_needs_no_user_bus(nobus: Login, ujob: Job) -> None:
 def test_process_groups_report_each_ranks_own_figures() -> None:
     """The direct supervisor with process groups (a container's read-only cgroup2, as
     Docker mounts it): the ranks share the watcher's cgroup, so no figure of it is a rank's;
-    each rank's CPU and peak memory come from wait4, and no unit is named (none exists)."""
+    each rank's CPU and peak memory come from wait4 (the report) or psutil (status
+    --resources), and no unit is named (none exists)."""
     out = SHARED / f"nobus-{uuid.uuid4().hex[:8]}"
     (out / "state").mkdir(parents=True)
     script = str(REPO / "tests" / "integration" / "scripts" / "usage_rank.py")
-    cmd = gpulaunch(
-        out, "start", "--nproc", "2", "--job", "own", script, "--dir", str(out),
-        "--hold-rank", "1", "--hold-mb", "200", "--seconds", "0.5",
-    )  # fmt: skip
+
+    def start(job: str, seconds: str) -> str:
+        return gpulaunch(
+            out, "start", "--nproc", "2", "--job", job, script, "--dir", str(out),
+            "--hold-rank", "1", "--hold-mb", "200", "--seconds", seconds,
+        )  # fmt: skip
+
+    look = gpulaunch(out, "status", "live", "--resources")
+    ready = f"while [ ! -e {out}/rank0.ready ] || [ ! -e {out}/rank1.ready ]; do sleep 0.1; done"
     with container(read_only=True) as ct:
-        res = ct.run(f"{cmd} 2>&1")
+        live = ct.run(f"{start('live', '3')} >{out}/live.txt 2>&1 & {ready}; {look} 2>&1; wait")
+        res = ct.run(f"{start('own', '0.5')} 2>&1")
+    # while it runs: the shared cgroup's memory.current is no rank's; their own processes' are
+    assert "memory.current: not available here: the ranks share the watcher's cgroup" in (
+        live.stdout
+    ), live.stdout
     assert res.returncode == 0, res.stdout
     assert PGROUP_LINE in res.stdout, res.stdout
     rows = {

@@ -28,7 +28,10 @@ def nobus(vm: Machine) -> Iterator[str]:
     try:
         yield user
     finally:
-        vm.run("systemctl --user unmask dbus.socket dbus.service", user=user)
+        vm.run(
+            "systemctl --user unmask dbus.socket dbus.service; systemctl --user start dbus.socket",
+            user=user,
+        )
 
 
 def _oom_or_what_is_missing(out: str) -> None:
