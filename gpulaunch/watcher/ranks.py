@@ -26,12 +26,26 @@ class Rank:
     error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
     journal_missed: bool = False  # its pump could not hand journald every line
+    pump_hold: int = -1  # write end of the pipe its pump waits on before exiting
     units: bool = True  # its supervisor makes units (systemd); the direct one makes none
 
     @property
     def unit(self) -> str:
         """Its scope's name where units exist, else "" (never a unit that does not exist)."""
         return self.spec.unit if self.units else ""
+
+    def hold_pump(self) -> int:
+        """A new hold for its (next) pump; returns the read end, for the pump."""
+        self.let_pump_go()  # a restart: the last attempt's pump may go
+        hold, self.pump_hold = os.pipe()
+        return hold
+
+    def let_pump_go(self) -> None:
+        """Let its pump exit once its input is done (it waits for this pipe's EOF): until
+        then the pump keeps the rank's scope, and so its cgroup's counters, in place."""
+        if self.pump_hold >= 0:
+            os.close(self.pump_hold)
+            self.pump_hold = -1
 
     def release(self) -> None:
         """Open its gates (rank and pump), noting its scope's cgroup first: a zombie's
@@ -60,3 +74,8 @@ class Rank:
             stop_requested=self.stop_requested,
             exit=self.exit,
         )
+
+
+def let_pumps_go(ranks: list[Rank]) -> None:
+    for rank in ranks:
+        rank.let_pump_go()

@@ -130,9 +130,11 @@ def ensure(log: bool = True) -> Image:
     os.chmod(ROOT, 0o755)
     final = ROOT / recipe_hash()
     with open(ROOT / f"{final.name}.lock", "w") as lock:
-        if log:
-            print(f"sdbox vm: waiting for the image lock {lock.name}", file=sys.stderr)
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(log, f"another build of this image runs; waiting for it ({lock.name})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "done").exists():  # someone else built it meanwhile
             return Image(final)
         for stale in ROOT.glob(f"{final.name}.build-*"):  # a build killed midway

@@ -232,7 +232,7 @@ class Machine:
         )
 
     def _boot(self, accel: str, overlay: Path, src_disk: Path | None, timeout: float) -> bool:
-        assert self.image is not None
+        assert self.image is not None and self.state is not None
         self.port = _free_port()
         cpu = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else [
             "-accel", "tcg,thread=multi", "-cpu", "max"]  # fmt: skip

@@ -5,6 +5,8 @@ manager) and as an SSH user (user manager, through the front end)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sdbox.vm import Machine
@@ -29,12 +31,15 @@ def test_memory_max_names_the_oom_killer_everywhere(vm: Machine, user: str) -> N
     waited = job.run(f"gpulaunch wait {job.id}")
     assert waited.returncode == 137, waited
     ranks = {r["rank"]: r for r in job.status_json()["ranks"]}
-    oom = ranks[1]["exit"]["oom"]
+    oom = ranks[1]["oom"]
     assert oom["limit"] == 150 << 20 and oom["memory"] >= 140 << 20, ranks[1]
-    assert ranks[0]["exit"]["oom"] is None, ranks[0]  # stopped, not killed for memory
-    assert ranks[0]["exit"]["stopped_by_watcher"], ranks[0]
+    assert oom["source"] == "memory.events", ranks[1]  # the cgroup's count, not a log line
+    assert ranks[0]["oom"] is None and ranks[0]["stopped_by_watcher"], ranks[0]
+    assert ranks[1]["usage"]["peak_source"] == "the unit's cgroup (memory.peak)", ranks[1]
     record = job.record()
-    assert KILLED in record["MESSAGE"], record
+    assert record["GPULAUNCH_STATUS"] == "137", record
+    recorded = {r["rank"]: r for r in json.loads(record["GPULAUNCH_RANKS"])}
+    assert recorded[1]["oom"] == oom, recorded
 
 
 def test_job_memory_max_names_the_oom_killer(vm: Machine) -> None:
@@ -44,4 +49,7 @@ def test_job_memory_max_names_the_oom_killer(vm: Machine) -> None:
         script_args=("--hog-rank", "0", "--hog-mb", "400"),
     )  # fmt: skip
     assert res.returncode == 137, res.stdout
-    assert KILLED in res.stdout and "(job limit 200.0 MiB)" in res.stdout, res.stdout
+    assert f"rank 0 {KILLED}" in res.stdout, res.stdout
+    ranks = {r["rank"]: r for r in job.status_json()["ranks"]}
+    assert ranks[0]["oom"]["source"] == "memory.events", ranks[0]
+    assert ranks[1]["oom"] is None and ranks[1]["stopped_by_watcher"], ranks[1]

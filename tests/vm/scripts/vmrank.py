@@ -40,8 +40,9 @@ def daemon(path: str) -> None:
     os.setsid()
     if os.fork():
         os._exit(0)
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump({"pid": os.getpid(), "cpus": allowed("self")}, f)
+    os.rename(path + ".tmp", path)
     time.sleep(3600)
     os._exit(0)
 
@@ -62,6 +63,11 @@ def main() -> None:
     out["nofile"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     with open("/proc/self/cgroup") as f:
         out["cgroup"] = f.read().strip()
+    try:
+        with open(f"/sys/fs/cgroup{out['cgroup'][3:]}/cpuset.cpus.effective") as f:
+            out["cpuset"] = f.read().strip()
+    except OSError:
+        out["cpuset"] = None
     opened = {}
     for path in args.open:
         try:
@@ -75,7 +81,11 @@ def main() -> None:
         proc = multiprocessing.Process(target=worker, args=(queue,), daemon=True)
         proc.start()
         out["worker"] = {"pid": proc.pid, "cpus": queue.get(timeout=300)}
-        daemon(os.path.join(args.dir, f"rank{rank}.daemon.json"))
+        path = os.path.join(args.dir, f"rank{rank}.daemon.json")
+        daemon(path)
+        deadline = time.monotonic() + 300
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the daemon is ours to wait for before the rank ends
     held = []
     if args.hold_mb:
         block = bytearray(args.hold_mb << 20)
