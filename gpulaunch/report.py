@@ -117,7 +117,7 @@ def format_report(report: JobReport) -> str:
         rows.append(
             (
                 str(r.rank),
-                r.unit,
+                r.unit or "-",  # no unit: the direct supervisor
                 str(r.pid) if r.pid is not None else "-",
                 r.exit.describe() if r.exit else "-",
                 _how(r, report),

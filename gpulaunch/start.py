@@ -132,21 +132,24 @@ def start(
         from gpulaunch.watcher.limits import check_job_fits
 
         check_job_fits(opts.nproc, log_dir=view.log_dir is not None)
+    no_bus = ""  # why the job API is not on D-Bus: a user manager without a user bus
     if opts.manager is Manager.USER and systemd_wanted(opts.supervisor, os.environ):
         from gpulaunch.frontend.need import needs_frontend
-        from gpulaunch.frontend.userbus import ensure_user_bus
+        from gpulaunch.frontend.userbus import NO_BUS_LINE, UserManager, find_user_manager
 
         try:
-            address: str | None = ensure_user_bus()
+            found: UserManager | None = find_user_manager()
         except NoSystemdError:
             if opts.supervisor is SupervisorKind.SYSTEMD:
                 raise
-            address = None  # auto: the direct supervisor (supervisor/choose.py says why)
-        if address is not None and not frontend_child and needs_frontend(opts.manager):
+            found = None  # auto: the direct supervisor (supervisor/choose.py says why)
+        if found is not None and found.peer:
+            no_bus = NO_BUS_LINE.format(why=found.no_bus)
+        if found is not None and not frontend_child and needs_frontend(opts.manager):
             from gpulaunch.frontend.run import run_frontend
 
             spec, units = plan(opts)
-            return run_frontend(spec, argv, address, detach, units)
+            return run_frontend(spec, argv, found, detach, units)
     from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
@@ -206,6 +209,9 @@ def start(
 
         chosen = open_supervisor(opts.supervisor, spec, units, os.environ, stack, warn)
         direct = chosen.supervisor.name == "direct"
+        if no_bus and not direct:
+            warn(no_bus)
+        unpublished = direct or bool(no_bus)  # no bus to publish the job on: a record file
 
         def announce() -> None:
             output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
@@ -221,10 +227,13 @@ def start(
         # the records first: Finished says they exist. Without systemd, a record file too,
         # and a bus is welcome but not needed.
         observers = (
-            *((FileRecorder(warn),) if direct else ()),
-            Recorder(warn=(lambda _: None) if direct else None),  # the file has it then
+            *((FileRecorder(warn),) if unpublished else ()),
+            Recorder(warn=(lambda _: None) if unpublished else None),  # the file has it then
             JobPublisher(
-                last_output=output.last_line_at, signal_ranks=signal_ranks, optional=direct
+                warn=(lambda _: None) if no_bus else None,  # the no-bus line said it
+                last_output=output.last_line_at,
+                signal_ranks=signal_ranks,
+                optional=unpublished,
             ),
         )
         started = time.time()

@@ -33,6 +33,8 @@ PACKAGES=(
 TEST_PACKAGES=(slurmd slurmctld slurm-client munge)
 # The Debian package's build (packaging/debian/, tests/integration/test_deb.py).
 TEST_PACKAGES+=(dpkg-dev debhelper)
+# The VM lab (sdbox/vm/, tests/vm/): a Debian 12 image and qemu to boot it.
+TEST_PACKAGES+=(debootstrap qemu-system-x86 qemu-utils e2fsprogs openssh-client)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root (apt-get and the systemd box need it), e.g. sudo $0" >&2

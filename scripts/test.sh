@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: install, lint, type-check, unit tests,
 # then the integration tests against a real systemd (the host's, or a
-# throwaway one the tests boot; they fail, never skip, if it cannot boot).
+# throwaway one the tests boot; they fail, never skip, if it cannot boot),
+# then tests/vm in the VM lab (a Debian 12 VM with every cgroup controller,
+# real SSH logins, podman: sdbox/vm/README.md), whose image is built once per
+# machine and cached; they error, never skip, if it cannot be built or booted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests bind this checkout into a throwaway systemd whose /tmp and /run are

@@ -1,4 +1,5 @@
-"""`python -m sdbox run [--bind PATH]... -- CMD...` and `python -m sdbox shell`.
+"""`python -m sdbox run [--bind PATH]... -- CMD...` and `python -m sdbox shell`
+(and `python -m sdbox vm ...`, the VM lab: sdbox/vm/cli.py).
 
 Runs CMD under a real systemd: directly where the host's PID 1 is systemd, else inside
 a box booted for the occasion, which binds the current directory, keeps the cwd and
@@ -30,6 +31,11 @@ SI_USER = 0
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["vm"]:  # the VM lab (sdbox/vm/)
+        from sdbox.vm.cli import main as vm_main
+
+        return vm_main(argv[1:])
     args = _parser().parse_args(argv)
     command = args.cmd if args.verb == "run" else ["bash", "-i"]
     try:

@@ -17,6 +17,11 @@ job ends as for a SIGTERM, and is recorded. We hold a pidfd of the watcher
 from when our name ties it to us, so we wait for it to end (signals are
 relayed through the pidfd then), and exit with the status its record gives,
 after one line that says what happened.
+
+Without a user bus (frontend/userbus.py) we talk to the user manager on its
+private socket, peer to peer: no bus daemon, so no `AddMatch` (systemd sends a
+direct connection every signal after `Subscribe`) and no name of ours; the
+service is `Type=exec` and `tie.py`'s service stops it when we end.
 """
 
 from __future__ import annotations
@@ -41,9 +46,12 @@ from gpulaunch.errors import (
     NoSystemdError,
     SystemdError,
 )
+from gpulaunch.frontend.peerbus import PeerBus
+from gpulaunch.frontend.tie import tie_name, tie_properties
 from gpulaunch.frontend.unit import (
     RELAYED,
     RLIMITS,
+    Prop,
     environment,
     exit_status,
     frontend_bus_name,
@@ -53,7 +61,7 @@ from gpulaunch.frontend.unit import (
     unit_object_path,
     watcher_argv,
 )
-from gpulaunch.frontend.userbus import LINGER_HINT
+from gpulaunch.frontend.userbus import LINGER_HINT, UserManager
 from gpulaunch.jobapi import record
 from gpulaunch.model import JobSpec, Manager
 from gpulaunch.units.definitions import JobUnits
@@ -67,33 +75,43 @@ _SERVICE = "org.freedesktop.systemd1.Service"
 _PROPERTIES = "org.freedesktop.DBus.Properties"
 _CONNECT_TIMEOUT = 5.0
 _ENDED = ("inactive", "failed")
+_MAIN_EXIT = ("ExecMainExitTimestampMonotonic", "ExecMainCode", "ExecMainStatus")
 
 
 def run_frontend(
-    spec: JobSpec, argv: Sequence[str], address: str, detach: bool, units: JobUnits
+    spec: JobSpec, argv: Sequence[str], manager: UserManager, detach: bool, units: JobUnits
 ) -> int:
     """Run the job through a watcher service of the user manager; returns the job's status."""
-    return asyncio.run(_FrontEnd(spec, argv, address, detach, units).run())
+    return asyncio.run(_FrontEnd(spec, argv, manager, detach, units).run())
 
 
 class _FrontEnd:
     def __init__(
-        self, spec: JobSpec, argv: Sequence[str], address: str, detach: bool, units: JobUnits
+        self,
+        spec: JobSpec,
+        argv: Sequence[str],
+        manager: UserManager,
+        detach: bool,
+        units: JobUnits,
     ) -> None:
         self.spec = spec
         self.units = units
         self.service = service_name(spec.names)
         self.path = unit_object_path(self.service)
-        self.address = address
+        self.address = manager.address
+        self.peer = manager.peer  # the manager's private socket: no bus names (tie.py)
         self.detach = detach
         self.argv = watcher_argv(sys.executable, argv, spec.job)
-        self.name = None if detach else frontend_bus_name(os.getpid())
+        self.name = None if detach or self.peer else frontend_bus_name(os.getpid())
         self.bus: MessageBus | None = None
         self.started = False  # StartTransientUnit succeeded
         self.claimed = False  # we own self.name: the service's life is tied to ours
         self.pending: list[int] = []  # signals that came before the service existed
         self.changed = asyncio.Event()
         self.state: dict[str, str] = {}
+        # Peer to peer (no AddRef): the watcher's exit as systemd announced it, since
+        # the ended service may be collected before we ask
+        self.main_exit: dict[str, int] = {}
         self.lost = False  # the bus went away under us
         self.watcher = -1  # a pidfd of the watcher, once our name ties it to us
 
@@ -128,7 +146,8 @@ class _FrontEnd:
 
     async def _connect(self) -> MessageBus:
         try:
-            bus = MessageBus(bus_address=self.address, negotiate_unix_fd=True)
+            kind = PeerBus if self.peer else MessageBus
+            bus = kind(bus_address=self.address, negotiate_unix_fd=True)
             return await asyncio.wait_for(bus.connect(), _CONNECT_TIMEOUT)
         except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -179,17 +198,18 @@ class _FrontEnd:
             f"type='signal',sender='{_SYSTEMD}',path='{self.path}',"
             f"interface='{_PROPERTIES}',member='PropertiesChanged'"
         )
-        await self._call(
-            Message(
-                destination="org.freedesktop.DBus",
-                path="/org/freedesktop/DBus",
-                interface="org.freedesktop.DBus",
-                member="AddMatch",
-                signature="s",
-                body=[rule],
-            ),
-            "watch the job",
-        )
+        if not self.peer:  # peer to peer, systemd sends every signal after Subscribe
+            await self._call(
+                Message(
+                    destination="org.freedesktop.DBus",
+                    path="/org/freedesktop/DBus",
+                    interface="org.freedesktop.DBus",
+                    member="AddMatch",
+                    signature="s",
+                    body=[rule],
+                ),
+                "watch the job",
+            )
         self.bus.add_message_handler(self._on_message)
         await self._call(self._manager_call("Subscribe", "", []), "watch the job")
 
@@ -205,6 +225,16 @@ class _FrontEnd:
                 if key in msg.body[1]:
                     self.state[key] = msg.body[1][key].value
             self.changed.set()
+        elif (
+            msg.message_type is MessageType.SIGNAL
+            and msg.path == self.path
+            and msg.member == "PropertiesChanged"
+            and msg.body
+            and msg.body[0] == _SERVICE
+        ):  # systemd sends the service's changes before the unit's (ExecMain* among them)
+            for key in _MAIN_EXIT:
+                if key in msg.body[1]:
+                    self.main_exit[key] = msg.body[1][key].value
 
     def _on_signal(self, signum: int) -> None:
         if not self.started:
@@ -243,7 +273,15 @@ class _FrontEnd:
             },
         )
         props = service_properties(self.units.launch(setup))  # units/launch.service
-        body = [self.service, "fail", [[p.name, Variant(p.signature, p.value)] for p in props], []]
+        if self.peer:  # systemd tracks a reference by the caller's bus name: none here
+            props = [p for p in props if p.name != "AddRef"]
+        aux = []
+        if self.peer and not self.detach:  # no bus name: a service of systemd's ties us instead
+            tie = tie_name(self.spec.names)
+            props.append(Prop("Wants", "as", [tie]))
+            tie_props = tie_properties(self.spec.names, self.service, sys.executable, os.getpid())
+            aux.append([tie, [[p.name, Variant(p.signature, p.value)] for p in tie_props]])
+        body = [self.service, "fail", [[p.name, Variant(p.signature, p.value)] for p in props], aux]
         msg = self._manager_call("StartTransientUnit", "ssa(sv)a(sa(sv))", body, unix_fds=list(fds))
         if self.pending:  # interrupted before anything was created: create nothing
             raise _Interrupted(self.pending[0])
@@ -281,6 +319,10 @@ class _FrontEnd:
         if reply is not RequestNameReply.PRIMARY_OWNER:
             raise SystemdError(f"could not own {self.name} on your session bus ({reply.name})")
         self.claimed = True
+        await self._hold_watcher()
+
+    async def _hold_watcher(self) -> None:
+        """A pidfd of the watcher: how we follow it if our connection goes away."""
         pid = (await self._get_all(_SERVICE))["MainPID"].value
         try:
             self.watcher = os.pidfd_open(pid) if pid else -1
@@ -291,10 +333,13 @@ class _FrontEnd:
         """The watcher's status if its service has ended, else None."""
         if self.state.get("ActiveState") not in _ENDED:
             return None
-        props = await self._get_all(_SERVICE)
-        if not props["ExecMainExitTimestampMonotonic"].value:
+        if self.main_exit.get("ExecMainExitTimestampMonotonic"):
+            main = self.main_exit
+        else:
+            main = {key: value.value for key, value in (await self._get_all(_SERVICE)).items()}
+        if not main["ExecMainExitTimestampMonotonic"]:
             return None  # not yet started (the start job is queued)
-        status = exit_status(props["ExecMainCode"].value, props["ExecMainStatus"].value)
+        status = exit_status(main["ExecMainCode"], main["ExecMainStatus"])
         if status is None:
             raise SystemdError(f"the watcher's service {self.service} ended without running")
         return status
@@ -307,6 +352,8 @@ class _FrontEnd:
                 return await self._after_bus_loss()
             if self.name and not self.claimed and self.state.get("SubState") == "start":
                 await self._claim()
+            if self.peer and self.watcher < 0 and self.state.get("ActiveState") == "active":
+                await self._hold_watcher()
             status = await self._ended()
             if status is not None:
                 return status
@@ -317,6 +364,11 @@ class _FrontEnd:
             f"your session bus went away under job {self.spec.job} (systemctl --user "
             "restart dbus?); systemd stops a job whose front end left the bus"
         )
+        if self.peer:  # nothing stops the job: we follow the watcher to its end
+            what = (
+                f"your user manager closed our connection under job {self.spec.job} "
+                "(systemctl --user daemon-reexec?)"
+            )
         if self.watcher < 0:
             raise NoSystemdError(f"{what}, and it had not started yet", "start it again")
         ended = asyncio.get_running_loop().create_future()

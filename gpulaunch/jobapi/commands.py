@@ -165,6 +165,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
         outcome = _with_client(manager, lambda c: c.stop_job(job, block=not args.no_block))
     except KeyboardInterrupt:  # the stop was asked for (or not); the job goes on ending
         return 130
+    except NoSystemdError:  # no bus (a user manager without one, issue 29): the record file
+        if os.geteuid() == 0:  # root never signals a pid that a file under $HOME names
+            raise
+        return _stop_by_record(job, manager, block=not args.no_block)
     if outcome is None:
         print(f"gpulaunch: job {job} is stopping", file=sys.stderr)
         return 0
@@ -172,6 +176,30 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if not outcome.running:
         print(f"gpulaunch: job {job} is not running; it ended before", file=sys.stderr)
     print(format_report(view.report()), file=sys.stderr)
+    return 0
+
+
+def _stop_by_record(job: str, manager: Manager, block: bool) -> int:
+    """`stop` without a bus: SIGTERM to the watcher its record file names (its graceful stop,
+    as `Stop()` on the bus), then, blocking, the record's final report."""
+    import signal
+
+    found = filerecord.find(job)
+    if found is None or found.state.ended:
+        raise record.unknown_job(job, manager)
+    try:
+        os.kill(found.watcher_pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise _lost(job) from None
+    except PermissionError:
+        raise AccessDeniedError(
+            f"not allowed to stop job {job!r}", "only the user who started a job, or root"
+        ) from None
+    done = filerecord.wait(job) if block else None
+    if done is None or not done.state.ended:
+        print(f"gpulaunch: job {job} is stopping", file=sys.stderr)
+        return 0
+    print(format_report(done.report()), file=sys.stderr)
     return 0
 
 
@@ -222,7 +250,7 @@ def _live(view: JobView) -> str:
             (
                 str(r.rank),
                 str(r.local_rank),
-                r.unit,
+                r.unit or "-",  # no unit: the direct supervisor
                 str(r.pid) if r.pid else "-",
                 r.state,
                 ex.describe() if ended and ex is not None else "-",

@@ -20,6 +20,7 @@ JOURNAL_MISSED, and the watcher counts what the journal lacks for the report.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -169,8 +170,14 @@ def run_pump(
     live: dict[str, int],
     journal: JournalTarget | None,
     rank: int | None = None,
+    hold: int | None = None,
 ) -> None:  # pragma: no cover - runs in the forked pump (exercised by integration tests)
     """Copy each input stream to journald and to the watcher until every input is at EOF.
+
+    `hold`: a pipe the watcher holds the other end of; at the end the pump waits for its
+    EOF before exiting, so that the rank's scope (and its cgroup, with `memory.peak`,
+    `memory.events` and `cpu.stat`) stays until the watcher has read them: a scope
+    without processes is removed at once (resources/final.py).
 
     It is forked with IGNORED_SIGNALS ignored already: a gang stop may reach it
     before this function runs. Up to JOURNAL_BACKLOG bytes wait for journald
@@ -276,4 +283,7 @@ def run_pump(
     for js in journals.values():
         js.sock.setblocking(True)
         _close_journal(js.sock)
+    if hold is not None:
+        with contextlib.suppress(OSError):
+            os.read(hold, 1)  # EOF: the watcher has read the rank's cgroup (or is gone)
     os._exit(JOURNAL_MISSED if missed else 0)

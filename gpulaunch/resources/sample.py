@@ -33,6 +33,7 @@ class RankTarget:
     pid: int  # 0: not forked yet
     state: str
     last_output: float | None = None  # seconds since the epoch of its last line; None: none yet
+    watcher_pid: int = 0  # a rank in the watcher's own cgroup has none of its own (below)
 
 
 @dataclass(frozen=True)
@@ -156,17 +157,26 @@ class Sampler:
         group = cg.cgroup_of(t.pid, self.proc, self.root) if alive else None
         if group is None:
             return RankSample(rank=t.rank, unit=t.unit, state=t.state, idle_sec=idle)
-        procs = self._processes(cg.procs(group), missing)
-        usec = cg.cpu_usec(group)
+        if t.watcher_pid and group == cg.cgroup_of(t.watcher_pid, self.proc, self.root):
+            # process groups: the cgroup is the watcher's (a login session's, a Slurm step's),
+            # shared; the rank's figures are those of its own processes, never the cgroup's
+            missing.setdefault("cgroup_memory", SHARED_CGROUP)
+            pids = [t.pid, *_descendants(t.pid)]
+            group = None
+        else:
+            pids = cg.procs(group)
+        procs = self._processes(pids, missing)
+        usec = cg.cpu_usec(group) if group is not None else None
         cpu_sec = usec / 1e6 if usec is not None else procs.cpu_sec
         percent = None
-        before = self._previous.get(t.unit)
+        key = t.unit or f"rank {t.rank}"
+        before = self._previous.get(key)
         if before is not None and now > before[0]:
             percent = max(0.0, (cpu_sec - before[1]) / (now - before[0]) * 100)
             intervals.append(now - before[0])
-        self._previous[t.unit] = (now, cpu_sec)
-        current = cg.memory_current(group)
-        if current is None:
+        self._previous[key] = (now, cpu_sec)
+        current = cg.memory_current(group) if group is not None else None
+        if current is None and group is not None:
             why = cg.memory_controller(group)
             if why:
                 missing.setdefault("cgroup_memory", why)
@@ -218,6 +228,20 @@ class Sampler:
             elif out.pss is not None:
                 out.pss += pss
         return out
+
+
+SHARED_CGROUP = (
+    "the ranks share the watcher's cgroup (process groups, no units): each rank's figures "
+    "are of its own processes (psutil), none of the shared cgroup's"
+)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The pids of a live process's children, grandchildren, ... (psutil)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _gpu(pids: Sequence[int], on_gpu: dict[int, list[GpuProcess]]) -> tuple[int | None, int | None]:
@@ -277,6 +301,7 @@ def targets(view: JobView) -> tuple[list[RankTarget], bool]:
                 pid=r.pid,
                 state=r.state,
                 last_output=stamp / 1e6 if stamp else None,
+                watcher_pid=view.watcher_pid,
             )
         )
     return out, known

@@ -56,6 +56,7 @@ from gpulaunch.errors import (
     SystemdError,
     TemplateError,
 )
+from gpulaunch.frontend.userbus import user_private_socket
 from gpulaunch.model import Manager
 from gpulaunch.units.codec import Property
 
@@ -216,10 +217,10 @@ class Systemd:
         return self
 
     def _open(self) -> None:
-        private = self.manager is Manager.SYSTEM and _private_socket_usable()
+        private = (socket := _own_socket(self.manager)) is not None
         bus: Any = (
-            DBusAddress(f"unix:path={PRIVATE_SOCKET}".encode(), peer_to_peer=True)
-            if private
+            DBusAddress(f"unix:path={socket}".encode(), peer_to_peer=True)
+            if socket is not None
             else DBus(user_mode=self.manager is Manager.USER)
         )
         try:
@@ -470,9 +471,11 @@ class Systemd:
         return out
 
 
-def _private_socket_usable() -> bool:
-    """Root can talk to the system manager directly, without the D-Bus daemon."""
-    return os.geteuid() == 0 and os.access(PRIVATE_SOCKET, os.W_OK)
+def _own_socket(manager: Manager) -> str | None:
+    """The manager's own socket (no bus daemon): root's system one; a user's without a bus."""
+    if manager is Manager.USER:
+        return user_private_socket()
+    return PRIVATE_SOCKET if os.geteuid() == 0 and os.access(PRIVATE_SOCKET, os.W_OK) else None
 
 
 def _properties(props: Sequence[Property]) -> list[Any]:

@@ -190,6 +190,30 @@ def user_jobs(machine: Machine) -> Iterable[Finding]:
         )
 
 
+def user_bus(machine: Machine) -> Iterable[Finding]:
+    """A user bus (dbus-user-session), else the user manager's private socket (issue 29)."""
+    if machine.manager is Manager.SYSTEM:
+        return
+    from gpulaunch.frontend.userbus import find_user_manager
+
+    try:
+        found = find_user_manager(dict(machine.env), machine.uid)
+    except GpulaunchError as exc:
+        yield Finding("user jobs", "user bus", Status.INFO, f"none: {exc.message}")
+        return
+    if not found.peer:
+        yield Finding("user jobs", "user bus", Status.OK, f"{found.path}: the job API is on it")
+        return
+    yield Finding(
+        "user jobs",
+        "user bus",
+        Status.WARN,
+        f"none ({found.no_bus}): jobs get systemd's supervision through {found.path}, "
+        "but no job API on D-Bus (status, wait and stop read the record file and the journal)",
+        "install dbus-user-session (apt install dbus-user-session), then log in again",
+    )
+
+
 # -- the bus policy and journald ------------------------------------------------
 
 
@@ -441,6 +465,15 @@ def run_all(machine: Machine) -> list[Finding]:
     problems = {m: manager_problem(m) for m in order}
     verdicts = [probe(machine, problems[machine.manager]) for probe in SUPERVISORS]
     found: list[Finding] = [*supervisors(machine, verdicts), *managers(machine, problems)]
-    for check in (user_jobs, runtime_files, bus_policy, journald, cgroups, fd_limits, nvidia):
+    for check in (
+        user_jobs,
+        user_bus,
+        runtime_files,
+        bus_policy,
+        journald,
+        cgroups,
+        fd_limits,
+        nvidia,
+    ):
         found.extend(check(machine))
     return found

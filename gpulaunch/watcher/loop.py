@@ -46,7 +46,7 @@ from gpulaunch.watcher.notices import pass_on
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
-from gpulaunch.watcher.ranks import Rank
+from gpulaunch.watcher.ranks import Rank, let_pumps_go
 from gpulaunch.watcher.settle import Settle
 
 
@@ -77,7 +77,7 @@ class Watcher(EventLoop):
         self.on_created = on_created  # called once the job's units exist
         self.finish = finish
         self.phase = Phase.STARTING
-        self.ranks = [Rank(spec=r) for r in spec.ranks]
+        self.ranks = [Rank(spec=r, units=supervisor.name != "direct") for r in spec.ranks]
         self.interrupt: tuple[float, int] | None = None
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
         self.interrupted_by: str | None = None
@@ -111,6 +111,7 @@ class Watcher(EventLoop):
             stack.callback(
                 lambda: kill_and_reap([c for r in self.ranks for c in (r.child, r.pump)])
             )
+            stack.callback(let_pumps_go, self.ranks)
             stack.callback(self.usage.close)
             self._watch(self.wakeup_fd, self._on_signal)
             self.supervisor.attach(self._aio, self._watch, self)
@@ -162,7 +163,7 @@ class Watcher(EventLoop):
             f"gpulaunch: rank {cause.spec.rank} {cause.exit.describe()}; restarting all "
             f"ranks (restart {self.attempt} of {self.spec.max_restarts})"
         )
-        self.ranks = [Rank(spec=r) for r in self.spec.ranks]
+        self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
         self.stop_issued = False
         self._failure_pending = None
         self._settle = Settle(self.spec.grace_sec)
@@ -277,6 +278,7 @@ class Watcher(EventLoop):
         err_r, err_w = os.pipe()
         live_out_r, live_out_w = os.pipe()
         live_err_r, live_err_w = os.pipe()
+        hold_r = rank.hold_pump()  # the pump's exit waits for the watcher's read of the cgroup
         target = (
             JournalTarget(identifier=f"rank{rank.spec.rank}", unit=rank.spec.unit)
             if self.journal
@@ -297,15 +299,19 @@ class Watcher(EventLoop):
             self._watch(rank.child.pidfd, self._exit_handler(rank))
             rank.pump = fork_held(
                 lambda: run_pump(
-                    {"stdout": 3, "stderr": 4}, {"stdout": 5, "stderr": 6}, target, rank.spec.rank
-                ),
-                {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w},
+                    {"stdout": 3, "stderr": 4},
+                    {"stdout": 5, "stderr": 6},
+                    target,
+                    rank.spec.rank,
+                    hold=7,
+                ),  # fmt: skip
+                {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w, 7: hold_r},
                 ignore=IGNORED_SIGNALS,
                 death_signal=death,
             )
             self._watch(rank.pump.pidfd, self._pump_handler(rank))
         finally:
-            for fd in (out_r, out_w, err_r, err_w, live_out_w, live_err_w):
+            for fd in (out_r, out_w, err_r, err_w, live_out_w, live_err_w, hold_r):
                 os.close(fd)
         self.output.add_pipe(live_out_r, rank.spec.rank, Stream.STDOUT)
         self.output.add_pipe(live_err_r, rank.spec.rank, Stream.STDERR)
@@ -383,6 +389,7 @@ class Watcher(EventLoop):
     def _on_exit(self, rank: Rank) -> None:
         assert rank.child is not None
         status, used, oom = self.usage.reap(rank.child, rank.cgroup)
+        rank.let_pump_go()  # its scope's cgroup is read: it may go now
         if (status.code != 0 or status.signal is not None) and not rank.stop_requested:
             # Did it fail, or was it stopped from outside? Hear the supervisor first.
             self.supervisor.catch_up()

@@ -36,7 +36,7 @@ def job_report(
         results.append(
             RankResult(
                 rank=r.spec.rank,
-                unit=r.spec.unit,
+                unit=r.unit,
                 pid=r.child.pid if r.child is not None else None,
                 exit=r.exit,
                 error=text,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +26,37 @@ class Rank:
     error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
     journal_missed: bool = False  # its pump could not hand journald every line
+    pump_hold: int = -1  # write end of the pipe its pump waits on before exiting
+    units: bool = True  # its supervisor makes units (systemd); the direct one makes none
+
+    @property
+    def unit(self) -> str:
+        """Its scope's name where units exist, else "" (never a unit that does not exist)."""
+        return self.spec.unit if self.units else ""
+
+    def hold_pump(self) -> int:
+        """A new hold for its (next) pump; returns the read end, for the pump."""
+        self.let_pump_go()  # a restart: the last attempt's pump may go
+        hold, self.pump_hold = os.pipe()
+        return hold
+
+    def let_pump_go(self) -> None:
+        """Let its pump exit once its input is done (it waits for this pipe's EOF): until
+        then the pump keeps the rank's scope, and so its cgroup's counters, in place."""
+        if self.pump_hold >= 0:
+            os.close(self.pump_hold)
+            self.pump_hold = -1
 
     def release(self) -> None:
         """Open its gates (rank and pump), noting its scope's cgroup first: a zombie's
-        /proc/PID/cgroup no longer names it, and the report reads it at the end."""
+        /proc/PID/cgroup no longer names it, and the report reads it at the end.
+
+        A cgroup it shares with the watcher (process groups: a login session's
+        scope, a Slurm step) is not its own: none then, and its figures come from
+        its own processes (wait4), never the shared cgroup's."""
         assert self.child is not None and self.pump is not None
-        self.cgroup = cgroup_of(self.child.pid)
+        group = cgroup_of(self.child.pid)
+        self.cgroup = None if group == cgroup_of(os.getpid()) else group
         self.pump.release()
         self.child.release()
 
@@ -42,9 +68,14 @@ class Rank:
         return RankProgress(
             rank=self.spec.rank,
             local_rank=self.spec.local_rank,
-            unit=self.spec.unit,
+            unit=self.unit,
             state=self.state,
             pid=self.child.pid if self.child is not None else None,
             stop_requested=self.stop_requested,
             exit=self.exit,
         )
+
+
+def let_pumps_go(ranks: list[Rank]) -> None:
+    for rank in ranks:
+        rank.let_pump_go()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.frontend.need import needs_frontend, own_cgroup
+from gpulaunch.frontend.tie import tie_name, tie_properties
 from gpulaunch.frontend.unit import (
     environment,
     exit_status,
@@ -15,8 +18,9 @@ from gpulaunch.frontend.unit import (
     unit_object_path,
     watcher_argv,
 )
-from gpulaunch.frontend.userbus import ensure_user_bus
+from gpulaunch.frontend.userbus import UserManager, find_user_manager, socket_problem
 from gpulaunch.model import Manager
+from gpulaunch.supervisor.anchor import start_time
 from gpulaunch.units.names import UnitNames
 
 
@@ -49,24 +53,72 @@ def test_own_cgroup(tmp_path: Path) -> None:
 def test_user_bus_fallback_to_run_user(tmp_path: Path) -> None:
     env: dict[str, str] = {}
     with pytest.raises(NoSystemdError) as exc:
-        ensure_user_bus(env, uid=4242424)
+        find_user_manager(env, uid=4242424)
     assert "XDG_RUNTIME_DIR is unset" in exc.value.message
     assert "/run/user/4242424/bus" in exc.value.message
+    assert "/run/user/4242424/systemd/private" in exc.value.message
     assert exc.value.hint is not None and "loginctl enable-linger" in exc.value.hint
     assert env == {}
 
 
-def test_user_bus_from_xdg_runtime_dir(tmp_path: Path) -> None:
-    import socket
-
+def _listening(path: Path) -> socket.socket:
+    path.parent.mkdir(parents=True, exist_ok=True)
     sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(tmp_path / "bus"))
-    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-    assert ensure_user_bus(env, uid=1) == f"unix:path={tmp_path}/bus"
-    assert env == {"XDG_RUNTIME_DIR": str(tmp_path)}  # sd-bus finds it itself
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+def test_user_bus_from_xdg_runtime_dir(tmp_path: Path) -> None:
+    with _listening(tmp_path / "bus"):
+        env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+        found = find_user_manager(env, uid=1)
+        assert found == UserManager(f"unix:path={tmp_path}/bus")
+        assert env == {"XDG_RUNTIME_DIR": str(tmp_path)}  # sd-bus finds it itself
     with pytest.raises(NoSystemdError, match="no bus at"):
-        ensure_user_bus({"XDG_RUNTIME_DIR": str(tmp_path / "nope")}, uid=1)
-    sock.close()
+        find_user_manager({"XDG_RUNTIME_DIR": str(tmp_path / "nope")}, uid=1)
+
+
+def test_no_user_bus_but_the_managers_private_socket(tmp_path: Path) -> None:
+    """A minimal server's SSH user: no bus, the manager on $XDG_RUNTIME_DIR/systemd/private."""
+    with _listening(tmp_path / "systemd" / "private"):
+        env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+        found = find_user_manager(env, uid=1)
+        assert found.peer and found.path == f"{tmp_path}/systemd/private"
+        assert found.no_bus == f"there is no {tmp_path}/bus"
+        # a stopped dbus.socket leaves its file: it exists and refuses connections
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(str(tmp_path / "bus"))
+        stale.close()
+        found = find_user_manager(env, uid=1)
+        assert found.peer and "refuses connections" in found.no_bus
+        assert "dbus.socket" in found.no_bus
+        # so does a DBUS_SESSION_BUS_ADDRESS naming it
+        env["DBUS_SESSION_BUS_ADDRESS"] = f"unix:path={tmp_path}/bus"
+        assert find_user_manager(env, uid=1).peer
+    # neither answers: one line naming both
+    with pytest.raises(NoSystemdError) as exc:
+        find_user_manager(env, uid=1)
+    assert "refuses" not in exc.value.message and f"{tmp_path}/systemd/private" in (
+        exc.value.message
+    )
+
+
+def test_socket_problem_says_what_is_wrong(tmp_path: Path) -> None:
+    assert socket_problem(str(tmp_path / "none")) == f"there is no {tmp_path}/none"
+    (tmp_path / "file").write_text("")
+    assert socket_problem(str(tmp_path / "file")) == f"{tmp_path}/file is not a socket"
+    with _listening(tmp_path / "ok"):
+        assert socket_problem(str(tmp_path / "ok")) is None
+
+
+def test_tie_waits_for_the_front_end_and_stops_its_service() -> None:
+    names = UnitNames.for_job("j1")
+    props = {p.name: p.value for p in tie_properties(names, "w.service", "/py", os.getpid())}
+    assert tie_name(names) == "gpulaunch-j1-tie.service"
+    assert props["PropagatesStopTo"] == ["w.service"] and props["BindsTo"] == ["w.service"]
+    argv = props["ExecStart"][0][1]  # type: ignore[index]
+    assert argv[-2:] == [str(os.getpid()), start_time(os.getpid())]
 
 
 def test_watcher_argv_keeps_the_script_arguments_apart() -> None:

@@ -35,7 +35,13 @@ from gpulaunch.resources.final import (
     usage,
 )
 from gpulaunch.resources.nvml import Gpus, open_gpus
-from gpulaunch.resources.sample import RankTarget, Sampler, nested_pid_namespace, targets
+from gpulaunch.resources.sample import (
+    SHARED_CGROUP,
+    RankTarget,
+    Sampler,
+    nested_pid_namespace,
+    targets,
+)
 from gpulaunch.resources.view import render
 
 GiB = 1 << 30
@@ -125,6 +131,24 @@ def test_sampler_reads_the_whole_unit_and_says_what_is_missing(tmp_path: Path) -
     assert "GPU: not available here: no NVML here" in text
     header = next(line for line in text.splitlines() if line.lstrip().startswith("rank"))
     assert "memory.current" not in header and "GPU" not in header and "RSS" in header
+
+
+def test_a_cgroup_shared_with_the_watcher_is_no_ranks_own(tmp_path: Path) -> None:
+    """Process groups: the rank sits in the watcher's cgroup (a login session's scope); its
+    figures are its own processes', and the shared cgroup's never appear (issue 29)."""
+    me, watcher = os.getpid(), 1 << 22
+    proc, root, _ = fake_tree(tmp_path, [me, watcher], memory=True)
+    (proc / str(watcher)).mkdir()
+    (proc / str(watcher) / "cgroup").write_text(f"0::/{REL}\n")
+    target = RankTarget(rank=0, unit="", pid=me, state="running", watcher_pid=watcher)
+    r = Sampler("x", proc, root).sample([target])
+    assert r.ranks[0].cgroup_memory is None  # the cgroup's 1 GiB is not the rank's
+    assert r.ranks[0].cpu_sec != 2.5  # nor its cpu.stat: psutil's times of our processes
+    assert r.ranks[0].processes is not None and r.ranks[0].processes >= 1
+    assert r.missing["cgroup_memory"] == SHARED_CGROUP
+    # in a cgroup of its own (a scope), the cgroup's figures are the rank's
+    own = Sampler("x", proc, root).sample([RankTarget(0, UNIT, me, "running", watcher_pid=1)])
+    assert own.ranks[0].cgroup_memory == GiB and own.ranks[0].cpu_sec == 2.5
 
 
 def test_an_ended_rank_is_shown_without_numbers(tmp_path: Path) -> None:

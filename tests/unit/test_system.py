@@ -216,3 +216,28 @@ def test_the_shipped_slice_is_valid_with_every_default_set() -> None:
     tuned = "\n".join(line.removeprefix("#") for line in section if "=" in line)
     props = {p.name for p in parse_unit(f"[Slice]\n{tuned}", "slice", "-")}
     assert {"MemoryMaxScale", "CPUWeight", "IOWeight", "TasksMax"} <= props, props  # 90%: a scale
+
+
+def test_user_bus_says_which_this_machine_has(tmp_path: Path) -> None:
+    """A user bus; none but the manager's private socket (a minimal server, issue 29)."""
+    import socket
+
+    def listening(path: Path) -> socket.socket:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.listen()
+        return sock
+
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    user = machine(tmp_path, Manager.USER, env=env)
+    assert list(checks.user_bus(machine(tmp_path, env=env))) == []  # root: no user bus needed
+    with listening(tmp_path / "systemd" / "private"):
+        (row,) = checks.user_bus(user)
+        assert row.status is Status.WARN and "no job API on D-Bus" in row.detail
+        assert f"there is no {tmp_path}/bus" in row.detail and "dbus-user-session" in row.fix
+        with listening(tmp_path / "bus"):
+            (row,) = checks.user_bus(user)
+            assert row.status is Status.OK and row.detail.startswith(f"{tmp_path}/bus")
+    (row,) = checks.user_bus(user)  # neither answers: the manager's row fails; this one says it
+    assert row.status is Status.INFO and "cannot reach your systemd user manager" in row.detail
