@@ -47,7 +47,6 @@ from gpulaunch.errors import (
     SystemdError,
 )
 from gpulaunch.frontend.peerbus import PeerBus
-from gpulaunch.frontend.tie import tie_name, tie_properties
 from gpulaunch.frontend.unit import (
     RELAYED,
     RLIMITS,
@@ -277,10 +276,10 @@ class _FrontEnd:
             props = [p for p in props if p.name != "AddRef"]
         aux = []
         if self.peer and not self.detach:  # no bus name: a service of systemd's ties us instead
-            tie = tie_name(self.spec.names)
-            props.append(Prop("Wants", "as", [tie]))
-            tie_props = tie_properties(self.spec.names, self.service, sys.executable, os.getpid())
-            aux.append([tie, [[p.name, Variant(p.signature, p.value)] for p in tie_props]])
+            tie = self.units.tie(os.getpid())  # units/tie.service
+            props.append(Prop("Wants", "as", [tie.name]))
+            tie_props = [[p.name, Variant(p.signature, p.value)] for p in tie.properties]
+            aux.append([tie.name, tie_props])
         body = [self.service, "fail", [[p.name, Variant(p.signature, p.value)] for p in props], aux]
         msg = self._manager_call("StartTransientUnit", "ssa(sv)a(sa(sv))", body, unix_fds=list(fds))
         if self.pending:  # interrupted before anything was created: create nothing

@@ -51,6 +51,7 @@ class JobUnits:
     ranks: tuple[UnitDefinition, ...]  # in the spec's rank order
     anchor: Callable[[int], UnitDefinition]
     launch: Callable[[LaunchSetup], UnitDefinition]
+    tie: Callable[[int], UnitDefinition]  # for the front end's pid (no user bus)
 
     def all(self) -> Sequence[UnitDefinition]:
         return (self.job_slice, self.watcher, self.ranks_slice, *self.ranks)

@@ -218,6 +218,7 @@ RULES: dict[str, tuple[_Rule, ...]] = {
         *_EVERY_UNIT,
     ),
     "launch.service": (_Rule("CollectMode", "Unit", _collect_mode), *_EVERY_UNIT),
+    "tie.service": (_Rule("CollectMode", "Unit", _collect_mode), *_EVERY_UNIT),
 }
 
 

@@ -17,7 +17,7 @@ from gpulaunch.plan.argtext import printable
 from gpulaunch.units.definitions import JobUnits, LaunchSetup, UnitDefinition
 from gpulaunch.units.names import ROOT_SLICE
 from gpulaunch.units.templates import Templates
-from gpulaunch.units.variables import AnchorVars, JobVars, LaunchVars, RankVars
+from gpulaunch.units.variables import AnchorVars, JobVars, LaunchVars, RankVars, TieVars
 
 # Runs under `python3 -I -S` (units/anchor.service): waits for pid argv[1] (whose start time
 # is argv[2], against pid reuse) to end. No imports beyond the built-in os and select.
@@ -81,6 +81,18 @@ def anchor_vars(spec: JobSpec, watcher_pid: int) -> AnchorVars:
     )
 
 
+def tie_vars(spec: JobSpec, frontend_pid: int) -> TieVars:
+    return TieVars(
+        **dataclasses.asdict(job_vars(spec, spec.names.tie_service)),
+        service=spec.names.launch_service,
+        root_slice=ROOT_SLICE,
+        python=sys.executable,
+        program=ANCHOR_PROGRAM,
+        frontend_pid=frontend_pid,
+        frontend_start_time=start_time(frontend_pid),
+    )
+
+
 def _rlimit(value: int) -> str:
     return "infinity" if value < 0 else str(value)
 
@@ -123,6 +135,9 @@ def render_units(spec: JobSpec, templates: Templates) -> JobUnits:
     def launch(setup: LaunchSetup) -> UnitDefinition:
         return render("launch.service", names.launch_service, launch_vars(spec, setup))
 
+    def tie(frontend_pid: int) -> UnitDefinition:
+        return render("tie.service", names.tie_service, tie_vars(spec, frontend_pid))
+
     anchor(os.getpid())
     return JobUnits(
         job=spec.job,
@@ -132,6 +147,7 @@ def render_units(spec: JobSpec, templates: Templates) -> JobUnits:
         ranks=tuple(render("rank.scope", rank.unit, rank_vars(spec, rank)) for rank in spec.ranks),
         anchor=anchor,
         launch=launch,
+        tie=tie,
     )
 
 

@@ -118,5 +118,9 @@ class UnitNames:
     def launch_service(self) -> str:
         return f"{PREFIX}-{self.component}-launch.service"
 
+    @property
+    def tie_service(self) -> str:
+        return f"{PREFIX}-{self.component}-tie.service"
+
     def rank_scope(self, rank: int) -> str:
         return f"{PREFIX}-{self.component}-rank{rank}.scope"

@@ -77,6 +77,7 @@ TEMPLATE_NAMES = (
     "rank.scope",
     "anchor.service",
     "launch.service",
+    "tie.service",
 )
 SYSTEM_DIR = Path("/etc/gpulaunch/units")
 

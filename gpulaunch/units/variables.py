@@ -50,6 +50,19 @@ class AnchorVars(JobVars):
 
 
 @dataclass(frozen=True)
+class TieVars(JobVars):
+    """What `tie.service` gets on top of `JobVars`: the front end's death tie where the user
+    manager has no user bus (units/tie.service says why)."""
+
+    service: str  # the watcher's service (launch.service) the front end's end stops
+    root_slice: str  # gpulaunch.slice
+    python: str  # the Python that runs the wait program (gpulaunch's own)
+    program: str  # the anchor's wait program, for `python -I -S -c`
+    frontend_pid: int  # the front end it waits for
+    frontend_start_time: str  # its start time in clock ticks (/proc/PID/stat), against pid reuse
+
+
+@dataclass(frozen=True)
 class LaunchVars(JobVars):
     """What `launch.service` gets on top of `JobVars`: the front end's watcher service
     (frontend/unit.py says why it exists)."""

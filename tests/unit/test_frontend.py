@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -10,7 +9,6 @@ import pytest
 
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.frontend.need import needs_frontend, own_cgroup
-from gpulaunch.frontend.tie import tie_name, tie_properties
 from gpulaunch.frontend.unit import (
     environment,
     exit_status,
@@ -20,7 +18,6 @@ from gpulaunch.frontend.unit import (
 )
 from gpulaunch.frontend.userbus import UserManager, find_user_manager, socket_problem
 from gpulaunch.model import Manager
-from gpulaunch.supervisor.anchor import start_time
 from gpulaunch.units.names import UnitNames
 
 
@@ -110,15 +107,6 @@ def test_socket_problem_says_what_is_wrong(tmp_path: Path) -> None:
     assert socket_problem(str(tmp_path / "file")) == f"{tmp_path}/file is not a socket"
     with _listening(tmp_path / "ok"):
         assert socket_problem(str(tmp_path / "ok")) is None
-
-
-def test_tie_waits_for_the_front_end_and_stops_its_service() -> None:
-    names = UnitNames.for_job("j1")
-    props = {p.name: p.value for p in tie_properties(names, "w.service", "/py", os.getpid())}
-    assert tie_name(names) == "gpulaunch-j1-tie.service"
-    assert props["PropagatesStopTo"] == ["w.service"] and props["BindsTo"] == ["w.service"]
-    argv = props["ExecStart"][0][1]  # type: ignore[index]
-    assert argv[-2:] == [str(os.getpid()), start_time(os.getpid())]
 
 
 def test_watcher_argv_keeps_the_script_arguments_apart() -> None:

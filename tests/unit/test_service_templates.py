@@ -201,3 +201,19 @@ def test_launch_service_snapshot(job: tuple[JobSpec, JobUnits]) -> None:
     if os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1":
         snapshot.write_text(text)
     assert text == snapshot.read_text(), f"{snapshot} differs; see the docstring"
+
+
+def test_the_tie_waits_for_the_front_end_and_stops_its_service(
+    job: tuple[JobSpec, JobUnits],
+) -> None:
+    """units/tie.service: the front end's death tie without a user bus (issue 29)."""
+    spec, units = job
+    tie = units.tie(os.getpid())
+    props = values(tie.properties)
+    assert tie.name == spec.names.tie_service
+    service = spec.names.launch_service
+    assert props["PropagatesStopTo"] == ("as", [service]) == props["BindsTo"]
+    assert props["ExecStart"][1] == [
+        (sys.executable, [sys.executable, "-I", "-S", "-c", ANCHOR_PROGRAM,
+                          str(os.getpid()), start_time(os.getpid())], False)
+    ]  # fmt: skip
