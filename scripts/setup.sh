@@ -31,6 +31,8 @@ PACKAGES=(
 )
 # The Slurm tests run a real Slurm (one slurmd per systemd box, tests/integration/slurm.py).
 TEST_PACKAGES=(slurmd slurmctld slurm-client munge)
+# strace holds a start-up window open (tests/integration/test_start_windows.py).
+TEST_PACKAGES+=(strace)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root (apt-get and the systemd box need it), e.g. sudo $0" >&2

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from gpulaunch.errors import JobExistsError, SystemdError
+from gpulaunch.errors import JobExistsError, StoppedWhileStartingError, SystemdError
 from gpulaunch.supervisor import SupervisorEvents, Watch, anchor
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
@@ -146,6 +146,11 @@ class SystemdSupervisor:
 
     async def _done(self, job: asyncio.Future[str], name: str) -> None:
         result = await job
+        if result == "canceled":  # only a stop job replaces a start job we did not cancel
+            raise StoppedWhileStartingError(
+                f"the job was stopped from outside while it started ({name}: its start job "
+                "was canceled)"
+            )
         if result != "done":
             raise SystemdError(f"systemd could not start {name}: its start job ended '{result}'")
 
@@ -255,6 +260,11 @@ class SystemdSupervisor:
                     future.set_result(job.result)
             elif job.path in self._rank_jobs:
                 rank = self._rank_jobs.pop(job.path)
+                if job.result == "canceled" and not self._gang_stop_asked:
+                    # A stop job replaced the rank's start job: a stop from outside (143),
+                    # not a failure of systemd's (71). Our own gang stop is told apart.
+                    self._stopped_from_outside(self.units.ranks[rank].name)
+                    continue
                 error = None
                 if job.result != "done":
                     unit = self.units.ranks[rank].name
@@ -286,6 +296,11 @@ class SystemdSupervisor:
             or self._outside
             or not (unit in job or (unit in gang and not self._gang_stop_asked))
         ):
+            return
+        self._stopped_from_outside(unit)
+
+    def _stopped_from_outside(self, unit: str) -> None:
+        if self._outside:
             return
         self._outside = True
         assert self._events is not None
