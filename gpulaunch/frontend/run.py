@@ -308,8 +308,9 @@ class _FrontEnd:
     async def _after_bus_loss(self) -> int:
         """The bus went away: the job is being stopped; its status from its record."""
         what = (
-            f"your session bus went away under job {self.spec.job} (systemctl --user "
-            "restart dbus?); systemd stops a job whose front end left the bus"
+            f"your session bus went away under job {self.spec.job} (your user manager "
+            "stopped: a logout without linger, loginctl terminate-user? or systemctl --user "
+            "restart dbus); systemd stops a job whose front end left the bus"
         )
         if self.watcher < 0:
             raise NoSystemdError(f"{what}, and it had not started yet", "start it again")

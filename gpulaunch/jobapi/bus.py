@@ -39,10 +39,13 @@ def bus_address(manager: Manager) -> str:
 async def connect(manager: Manager) -> MessageBus:
     """Connect to the job's bus, or raise NoSystemdError naming it."""
     address = bus_address(manager)
+    bus: MessageBus | None = None
     try:
         bus = MessageBus(bus_address=address, bus_type=BusType.SYSTEM, auth_timeout=CONNECT_TIMEOUT)
         return await asyncio.wait_for(bus.connect(), CONNECT_TIMEOUT)
     except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
+        if bus is not None:
+            forget(bus)
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         if manager is Manager.SYSTEM:
             hint = "is dbus running? gpulaunch needs the system bus that systemd uses"
@@ -54,3 +57,10 @@ async def connect(manager: Manager) -> MessageBus:
         raise NoSystemdError(
             f"cannot reach {bus_title(manager)} at {address} ({reason})", hint
         ) from None
+
+
+def forget(bus: MessageBus) -> None:
+    """Let go of a bus whose end nobody awaits: how it ended (EPIPE when the daemon went
+    away mid-handshake) is retrieved, never "Future exception was never retrieved"."""
+    ended: asyncio.Future[None] = bus._disconnect_future  # noqa: SLF001 (no public hook)
+    ended.add_done_callback(lambda f: f.cancelled() or f.exception())

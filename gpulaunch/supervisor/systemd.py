@@ -16,7 +16,10 @@ docs/architecture.md and systemd.scope(5), systemd.kill(5).
 
 A lost connection to systemd (daemon-reexec) is reconnected once it is seen;
 the state of whatever we were waiting for is then read from the units, as
-their `JobRemoved` may have gone to the old connection.
+their `JobRemoved` may have gone to the old connection. A manager that does not
+answer again within `RECONNECT_WITHIN_S` is gone for good (an ordinary user's
+manager stops at her logout without linger, `loginctl terminate-user`): the
+watcher hears `manager_gone`, and nothing is asked of systemd any more.
 """
 
 from __future__ import annotations
@@ -24,16 +27,28 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from gpulaunch.errors import JobExistsError, StoppedWhileStartingError, SystemdError
+from gpulaunch.errors import (
+    GpulaunchError,
+    JobExistsError,
+    StoppedWhileStartingError,
+    SystemdError,
+)
 from gpulaunch.supervisor import SupervisorEvents, Watch, anchor
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 
 T = TypeVar("T")
+
+# How long a lost manager may take to answer again (a daemon-reexec, a restart of the
+# bus) before it is taken for gone; retried at growing intervals within it.
+RECONNECT_WITHIN_S = 5.0
+_RETRY_FIRST_S = 0.02
+_RETRY_MAX_S = 0.5
 
 
 class SystemdSupervisor:
@@ -58,6 +73,7 @@ class SystemdSupervisor:
         self._outside = False  # a stop from outside was reported
         self._creating = False  # create() runs: the job slice's start job (no path of ours)
         self._own_stops: set[str] = set()  # stop jobs of single ranks (stop_ranks)
+        self._gone = False  # the manager stopped for good: nothing is asked of it any more
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -136,10 +152,15 @@ class SystemdSupervisor:
 
     def _create(self, call: Callable[[], str], name: str) -> str:
         """A StartTransientUnit call; a lost connection fails this start, cleanly."""
+        if self._gone:
+            raise StoppedWhileStartingError(f"the job's systemd manager went away ({name})")
         try:
             return call()
         except ConnectionLost as exc:
-            self._reconnect()
+            if not self._reconnect():
+                raise StoppedWhileStartingError(
+                    f"the job's systemd manager went away while creating {name} ({exc})"
+                ) from exc
             raise SystemdError(
                 f"systemd went away while creating {name} ({exc}); start the job again"
             ) from exc
@@ -159,6 +180,9 @@ class SystemdSupervisor:
     def stop_gang(self) -> None:
         """systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after TimeoutStopSec=."""
         self._gang_stop_asked = True
+        if self._gone:  # the manager, stopping, stopped every unit; the watcher ends the rest
+            self._gang_stopped()
+            return
         self._stop_job = self._call(lambda: self.sd.stop_unit(self.units.ranks_slice.name))
         self._on_bus()
         if self._stop_job is None:  # the slice is not loaded: nothing left to stop
@@ -182,13 +206,19 @@ class SystemdSupervisor:
         self._on_bus()
 
     def signal_rank(self, rank: int, signum: int) -> None:
-        self.sd.kill_unit(self.units.ranks[rank].name, signum)
+        self._call(lambda: self.sd.kill_unit(self.units.ranks[rank].name, signum))
         self._on_bus()
 
     def catch_up(self) -> None:
         # systemd queues a stop job (JobNew) before it sends the SIGTERM: after a
         # round trip, the news of a `systemctl stop` that killed a rank is here.
-        self.sd.ping()
+        if self._gone:
+            return
+        try:
+            self.sd.ping()
+        except ConnectionLost:
+            if not self._reconnect():
+                return
         self._on_bus()
 
     def _gang_stopped(self) -> None:
@@ -197,18 +227,64 @@ class SystemdSupervisor:
 
     # -- the bus ----------------------------------------------------------
 
-    def _call(self, call: Callable[[], T]) -> T:
-        """An idempotent call (stop, kill): made again on a new connection if it was lost."""
+    def _call(self, call: Callable[[], T | None]) -> T | None:
+        """An idempotent call (stop, kill): made again on a new connection if it was lost;
+        None when the manager is gone (it stops every unit itself as it goes)."""
+        if self._gone:
+            return None
         try:
             return call()
         except ConnectionLost:
-            self._reconnect()
+            if not self._reconnect():
+                return None
             return call()
 
-    def _reconnect(self) -> None:
-        """A new connection, watched instead of the old; then what we missed."""
+    def _reconnect(self) -> bool:
+        """A new connection, watched instead of the old; then what we missed.
+
+        A manager being re-executed, or a bus being restarted, answers again within
+        moments: retried within `RECONNECT_WITHIN_S`. False: it is gone for good
+        (`manager_gone` was told); True: the job goes on.
+        """
         assert self._loop is not None and self._watch is not None
+        if self._gone:
+            return False
         self._loop.remove_reader(self._fd)  # before the old fd is closed (its number is reused)
+        self._fd = -1
+        deadline = time.monotonic() + RECONNECT_WITHIN_S
+        delay = _RETRY_FIRST_S
+        while True:
+            try:
+                self._connect_again()
+                return True
+            except (ConnectionLost, GpulaunchError) as exc:
+                if self._fd >= 0:  # watched, then lost again: unwatched before it closes
+                    self._loop.remove_reader(self._fd)
+                    self._fd = -1
+                if time.monotonic() + delay > deadline:
+                    self._manager_lost(exc)
+                    return False
+            time.sleep(delay)  # bounded: a transient failure, not a wait for an event
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    def _manager_lost(self, exc: BaseException) -> None:
+        """The manager does not answer any more: what we waited for from it never comes."""
+        self._gone = True
+        reason = str(exc.message if isinstance(exc, GpulaunchError) else exc)
+        gone = StoppedWhileStartingError(f"the job's systemd manager went away ({reason})")
+        for _, future in self._awaited.values():
+            if not future.done():
+                future.set_exception(gone)
+        self._awaited.clear()
+        self._rank_jobs.clear()
+        assert self._events is not None
+        self._events.manager_gone(f"the end of its systemd manager ({reason})")
+        if self._gang_stop_asked and self._stop_job is not None:
+            self._stop_job = None  # its JobRemoved went with the manager
+            self._gang_stopped()
+
+    def _connect_again(self) -> None:
+        assert self._watch is not None
         self.sd.reconnect()
         self._fd = self.sd.fileno()
         self._watch(self._fd, self._on_bus)
@@ -239,10 +315,13 @@ class SystemdSupervisor:
         self._handle(missed)
 
     def _on_bus(self) -> None:
+        if self._gone:
+            return
         try:
             jobs = self.sd.events()
         except ConnectionLost:
-            self._reconnect()
+            if not self._reconnect():
+                return
             jobs = self.sd.events()
         self._handle(jobs)
 

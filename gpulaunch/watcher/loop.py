@@ -10,6 +10,7 @@ The loop itself, asyncio's driven from synchronous code, is watcher/eventloop.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -343,6 +344,31 @@ class Watcher(EventLoop):
             if rank.state.alive:
                 rank.stop_requested = True
         self._interrupted(signal.SIGTERM, what)
+
+    def manager_gone(self, what: str) -> None:
+        """Its manager stopped every unit as it went, or died: what is left of the ranks is
+        ours to end (SIGTERM now, SIGKILL of the rank's whole cgroup after the grace)."""
+        self.output.message(f"gpulaunch: job {self.spec.job}: {what}; stopping its ranks")
+        for rank in self.ranks:
+            if rank.state.alive:
+                rank.stop_requested = True
+        self._interrupted(signal.SIGTERM, what)
+        self._begin_stop()  # (while starting too: no rank may run without a manager)
+        self._end_ranks(signal.SIGTERM)
+        self._aio.call_later(self.spec.grace_sec, self._end_ranks, signal.SIGKILL)
+
+    def _end_ranks(self, signum: int) -> None:
+        """`signum` to every live rank through its pidfd; SIGKILL: to its cgroup's every process
+        too (cgroup.kill, where the kernel has it), dataloader workers and all."""
+        for rank in self.ranks:
+            if rank.child is None or rank.child.pidfd < 0 or not rank.state.alive:
+                continue
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(rank.child.pidfd, signum)
+            if signum == signal.SIGKILL and rank.cgroup is not None:
+                with contextlib.suppress(OSError):
+                    (rank.cgroup / "cgroup.kill").write_text("1")
+        self._poke()
 
     def _open_gates(self) -> None:
         """Let every rank run at once, when all of them are in their scopes (all at once: one
