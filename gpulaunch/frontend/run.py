@@ -65,6 +65,14 @@ _SERVICE = "org.freedesktop.systemd1.Service"
 _PROPERTIES = "org.freedesktop.DBus.Properties"
 _CONNECT_TIMEOUT = 5.0
 _ENDED = ("inactive", "failed")
+# The manager is off the bus for a moment (daemon-reexec): not there, or gone mid-call.
+_NO_REPLY = "org.freedesktop.DBus.Error.NoReply"
+_MANAGER_AWAY = (
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    _NO_REPLY,
+)
+_MANAGER_BACK_S = 5.0  # how long a manager that was there may take to be back
 
 
 def run_frontend(spec: JobSpec, argv: Sequence[str], address: str, detach: bool) -> int:
@@ -132,8 +140,7 @@ class _FrontEnd:
 
     async def _call(self, msg: Message, what: str) -> Any:
         assert self.bus is not None
-        reply = await self.bus.call(msg)
-        assert reply is not None
+        reply = await self._call_again(msg)
         if reply.message_type is MessageType.ERROR:
             text = reply.body[0] if reply.body else reply.error_name
             if reply.error_name == "org.freedesktop.systemd1.UnitExists":
@@ -153,6 +160,45 @@ class _FrontEnd:
                 )
             raise SystemdError(f"your user manager could not {what}: {text}")
         return reply.body
+
+    async def _call_again(self, msg: Message) -> Message:
+        """The reply; asked again while the manager is briefly off the bus (a daemon-reexec:
+        not on the bus, or it left without replying), within `_MANAGER_BACK_S`.
+
+        A StartTransientUnit whose reply was lost may have created the service: asked
+        again, it is "UnitExists", and the service is ours if it names our bus name
+        (`--detach`: no name; a job id is started by one front end at a time).
+        """
+        assert self.bus is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _MANAGER_BACK_S
+        delay = 0.02
+        lost_reply = False
+        while True:
+            msg.serial = 0  # a fresh serial for each try (dbus-fast assigns it)
+            reply = await self.bus.call(msg)
+            assert reply is not None
+            transient = reply.error_name in _MANAGER_AWAY
+            if not transient or loop.time() + delay > deadline:
+                break
+            lost_reply = lost_reply or reply.error_name == _NO_REPLY
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        if (
+            lost_reply
+            and msg.member == "StartTransientUnit"
+            and reply.error_name == "org.freedesktop.systemd1.UnitExists"
+            and (self.name is None or await self._names_us())
+        ):
+            return Message(message_type=MessageType.METHOD_RETURN, reply_serial=msg.serial)
+        return reply
+
+    async def _names_us(self) -> bool:
+        """Whether the service that exists is the one we asked for (its BusName= is ours)."""
+        try:
+            return bool((await self._get_all(_SERVICE))["BusName"].value == self.name)
+        except (SystemdError, KeyError):
+            return False
 
     def _manager_call(self, member: str, signature: str, body: list[Any], **kw: Any) -> Message:
         return Message(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from dbus_fast import BusType
+from dbus_fast import BusType, Message
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import AuthError, InvalidAddressError
 
@@ -63,4 +63,24 @@ def forget(bus: MessageBus) -> None:
     """Let go of a bus whose end nobody awaits: how it ended (EPIPE when the daemon went
     away mid-handshake) is retrieved, never "Future exception was never retrieved"."""
     ended: asyncio.Future[None] = bus._disconnect_future  # noqa: SLF001 (no public hook)
-    ended.add_done_callback(lambda f: f.cancelled() or f.exception())
+    ended.add_done_callback(_retrieved)
+
+
+def send(bus: MessageBus, msg: Message) -> asyncio.Future[None] | None:
+    """`bus.send`, whose outcome nobody awaits (a lost bus is not the job's problem); None
+    when the bus went away under it. Then dbus-fast wrote at once, failed (EPIPE), closed the
+    socket and could not watch it (EBADF): the failed future is its writer's last one."""
+    try:
+        fut: asyncio.Future[None] = bus.send(msg)
+    except (OSError, ValueError):
+        failed = getattr(getattr(bus, "_writer", None), "fut", None)
+        if isinstance(failed, asyncio.Future):
+            failed.add_done_callback(_retrieved)
+        return None
+    fut.add_done_callback(_retrieved)
+    return fut
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

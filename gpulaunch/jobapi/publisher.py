@@ -59,6 +59,7 @@ from gpulaunch.jobapi.bus import (
     PROPERTIES,
     connect,
     forget,
+    send,
 )
 from gpulaunch.jobapi.interface import (
     FINISHED_SIGNATURE,
@@ -298,18 +299,7 @@ class JobPublisher:
     def _send(self, msg: Message) -> asyncio.Future[Any] | None:
         if self._bus is None or not self._bus.connected:
             return None
-        try:
-            fut: asyncio.Future[Any] = self._bus.send(msg)
-        except (OSError, ValueError):
-            # The bus went away under the send: dbus-fast wrote at once, failed (EPIPE), closed
-            # the socket, then could not watch it (EBADF). The send's failed future is its
-            # writer's last one: retrieved, not "Future exception was never retrieved".
-            failed = getattr(getattr(self._bus, "_writer", None), "fut", None)
-            if isinstance(failed, asyncio.Future):
-                failed.add_done_callback(_consume)
-            return None
-        fut.add_done_callback(_consume)
-        return fut
+        return send(self._bus, msg)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -17,7 +17,7 @@ docs/architecture.md and systemd.scope(5), systemd.kill(5).
 A lost connection to systemd (daemon-reexec) is reconnected once it is seen;
 the state of whatever we were waiting for is then read from the units, as
 their `JobRemoved` may have gone to the old connection. A manager that does not
-answer again within `RECONNECT_WITHIN_S` is gone for good (an ordinary user's
+answer again within moments (supervisor/reach.py) is gone for good (an ordinary user's
 manager stops at her logout without linger, `loginctl terminate-user`): the
 watcher hears `manager_gone`, and nothing is asked of systemd any more.
 """
@@ -27,28 +27,23 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from gpulaunch.errors import (
     GpulaunchError,
     JobExistsError,
+    NoSystemdError,
     StoppedWhileStartingError,
     SystemdError,
 )
 from gpulaunch.supervisor import SupervisorEvents, Watch, anchor
+from gpulaunch.supervisor.reach import retry
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 
 T = TypeVar("T")
-
-# How long a lost manager may take to answer again (a daemon-reexec, a restart of the
-# bus) before it is taken for gone; retried at growing intervals within it.
-RECONNECT_WITHIN_S = 5.0
-_RETRY_FIRST_S = 0.02
-_RETRY_MAX_S = 0.5
 
 
 class SystemdSupervisor:
@@ -155,15 +150,21 @@ class SystemdSupervisor:
         if self._gone:
             raise StoppedWhileStartingError(f"the job's systemd manager went away ({name})")
         try:
-            return call()
-        except ConnectionLost as exc:
-            if not self._reconnect():
-                raise StoppedWhileStartingError(
-                    f"the job's systemd manager went away while creating {name} ({exc})"
-                ) from exc
-            raise SystemdError(
-                f"systemd went away while creating {name} ({exc}); start the job again"
+            # No owner of the manager's name on the bus (a user manager's daemon-reexec): the
+            # call never reached it, so it is asked again while it comes back (reach.py).
+            return retry(call, (NoSystemdError,))
+        except ConnectionLost as exc:  # it may or may not have created `name`
+            self._lost_while_creating(name, exc)
+
+    def _lost_while_creating(self, name: str, exc: ConnectionLost) -> NoReturn:
+        """This start fails, cleanly: 71 "start the job again", or the manager is gone."""
+        if not self._reconnect():
+            raise StoppedWhileStartingError(
+                f"the job's systemd manager went away while creating {name} ({exc})"
             ) from exc
+        raise SystemdError(
+            f"systemd went away while creating {name} ({exc}); start the job again"
+        ) from exc
 
     async def _done(self, job: asyncio.Future[str], name: str) -> None:
         result = await job
@@ -243,7 +244,7 @@ class SystemdSupervisor:
         """A new connection, watched instead of the old; then what we missed.
 
         A manager being re-executed, or a bus being restarted, answers again within
-        moments: retried within `RECONNECT_WITHIN_S`. False: it is gone for good
+        moments (supervisor/reach.py). False: it is gone for good
         (`manager_gone` was told); True: the job goes on.
         """
         assert self._loop is not None and self._watch is not None
@@ -251,21 +252,12 @@ class SystemdSupervisor:
             return False
         self._loop.remove_reader(self._fd)  # before the old fd is closed (its number is reused)
         self._fd = -1
-        deadline = time.monotonic() + RECONNECT_WITHIN_S
-        delay = _RETRY_FIRST_S
-        while True:
-            try:
-                self._connect_again()
-                return True
-            except (ConnectionLost, GpulaunchError) as exc:
-                if self._fd >= 0:  # watched, then lost again: unwatched before it closes
-                    self._loop.remove_reader(self._fd)
-                    self._fd = -1
-                if time.monotonic() + delay > deadline:
-                    self._manager_lost(exc)
-                    return False
-            time.sleep(delay)  # bounded: a transient failure, not a wait for an event
-            delay = min(delay * 2, _RETRY_MAX_S)
+        try:
+            retry(self._connect_again, (ConnectionLost, GpulaunchError))
+            return True
+        except (ConnectionLost, GpulaunchError) as exc:
+            self._manager_lost(exc)
+            return False
 
     def _manager_lost(self, exc: BaseException) -> None:
         """The manager does not answer any more: what we waited for from it never comes."""
@@ -284,7 +276,10 @@ class SystemdSupervisor:
             self._gang_stopped()
 
     def _connect_again(self) -> None:
-        assert self._watch is not None
+        assert self._loop is not None and self._watch is not None
+        if self._fd >= 0:  # watched, then lost again: unwatched before it closes
+            self._loop.remove_reader(self._fd)
+            self._fd = -1
         self.sd.reconnect()
         self._fd = self.sd.fileno()
         self._watch(self._fd, self._on_bus)

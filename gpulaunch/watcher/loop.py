@@ -10,7 +10,6 @@ The loop itself, asyncio's driven from synchronous code, is watcher/eventloop.py
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -48,6 +47,7 @@ from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank
 from gpulaunch.watcher.settle import Settle
+from gpulaunch.watcher.unmanaged import end_ranks
 
 
 class Watcher(EventLoop):
@@ -346,29 +346,12 @@ class Watcher(EventLoop):
         self._interrupted(signal.SIGTERM, what)
 
     def manager_gone(self, what: str) -> None:
-        """Its manager stopped every unit as it went, or died: what is left of the ranks is
-        ours to end (SIGTERM now, SIGKILL of the rank's whole cgroup after the grace)."""
+        """Nobody stops the ranks for us now: we do (watcher/unmanaged.py)."""
         self.output.message(f"gpulaunch: job {self.spec.job}: {what}; stopping its ranks")
-        for rank in self.ranks:
-            if rank.state.alive:
-                rank.stop_requested = True
-        self._interrupted(signal.SIGTERM, what)
+        self.stopped_from_outside(what)
         self._begin_stop()  # (while starting too: no rank may run without a manager)
-        self._end_ranks(signal.SIGTERM)
-        self._aio.call_later(self.spec.grace_sec, self._end_ranks, signal.SIGKILL)
-
-    def _end_ranks(self, signum: int) -> None:
-        """`signum` to every live rank through its pidfd; SIGKILL: to its cgroup's every process
-        too (cgroup.kill, where the kernel has it), dataloader workers and all."""
-        for rank in self.ranks:
-            if rank.child is None or rank.child.pidfd < 0 or not rank.state.alive:
-                continue
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(rank.child.pidfd, signum)
-            if signum == signal.SIGKILL and rank.cgroup is not None:
-                with contextlib.suppress(OSError):
-                    (rank.cgroup / "cgroup.kill").write_text("1")
-        self._poke()
+        end_ranks(self.ranks, signal.SIGTERM)
+        self._aio.call_later(self.spec.grace_sec, end_ranks, self.ranks, signal.SIGKILL)
 
     def _open_gates(self) -> None:
         """Let every rank run at once, when all of them are in their scopes (all at once: one
