@@ -6,7 +6,9 @@ that ties the service's life to ours once the service is starting, relays
 SIGINT/SIGTERM/SIGHUP to the watcher (`KillUnit` on its main process: the
 watcher's own rules apply, first = graceful stop, second = kill), and when the
 service has ended reads the watcher's exit status and returns it. The live
-output never passes through here: the watcher writes to our fds itself.
+output never passes through here: the watcher writes to our fds itself. Until
+our name holds the service, the watcher holds a pidfd of us (tether.py): our
+end in between stops the service too, at once.
 
 `--detach`: the service's stderr is a pipe to us until the job's units exist
 (watcher/detach.py's protocol); then we print the job id and return 0.
@@ -41,6 +43,7 @@ from gpulaunch.errors import (
     NoSystemdError,
     SystemdError,
 )
+from gpulaunch.frontend import tether
 from gpulaunch.frontend.unit import (
     RELAYED,
     RLIMITS,
@@ -264,6 +267,8 @@ class _FrontEnd:
 
     async def _start(self, fds: tuple[int, int, int]) -> None:
         env, dropped = environment(os.environ)
+        if self.name is not None:  # its watcher stops if we end before our name holds it
+            env.append(f"{tether.ENV}={tether.identity(os.getpid())}")
         if dropped:
             print(
                 f"gpulaunch: warning: systemd takes no environment variable named like "
