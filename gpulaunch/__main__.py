@@ -6,6 +6,12 @@ this module (imported only to run the command) until `cli.main` runs, SIGINT
 ends the process quietly with 130, as an interrupted job does; then Python's
 usual KeyboardInterrupt is back for the commands that catch it. What is left
 is the interpreter's own start-up before this line: milliseconds.
+
+SIGTERM and SIGHUP get the same handler from that first line, until a command
+installs its own (the watcher's comes after its imports): as a container's PID 1
+(`unshare -fp`, `docker run`) the kernel drops every signal PID 1 has no handler
+for, so a `docker stop` in those first few hundred milliseconds was lost (issue
+22, item 11). One that is ignored (`nohup`) stays ignored.
 """
 
 import signal
@@ -16,6 +22,9 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 _PREVIOUS = signal.signal(signal.SIGINT, _interrupted)  # as early as our code runs
+for _stop in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_stop) == signal.SIG_DFL:
+        signal.signal(_stop, _interrupted)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -308,6 +309,29 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone: then, and only then, a
+    BrokenPipeError is the reader's doing (POLLERR on the write end of a readerless pipe)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _internal_error(exc: BaseException, debug: bool) -> int:
+    """A bug: say so in one line, traceback with --debug."""
+    if debug:
+        traceback.print_exception(exc)
+    print(
+        f"gpulaunch: internal error: {type(exc).__name__}: {exc}; rerun with --debug and report it",
+        file=sys.stderr,
+    )
+    return INTERNAL_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
     debug = False  # a bad command line is never worth a traceback
@@ -328,9 +352,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = int(args.func(args))
     except KeyboardInterrupt:  # Ctrl-C outside the watcher's loop: quietly, the shell's 130
         code = 130
-    except BrokenPipeError:  # `gpulaunch doctor | head`: the reader is gone, as SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 128 + 13
+    except BrokenPipeError as exc:
+        if _stdout_gone():  # `gpulaunch doctor | head`: the reader is gone, as SIGPIPE
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            code = 128 + 13
+        else:  # a pipe of ours, not stdout: never a silent 141 (issue 22, item 1)
+            code = _internal_error(exc, debug)
     except GpulaunchError as exc:
         if debug:
             traceback.print_exc()
@@ -338,13 +365,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         print(_one_line(f"gpulaunch: error: {exc.message}{hint}"), file=sys.stderr)
         code = exc.exit_code
     except Exception as exc:  # a bug: say so in one line, traceback with --debug
-        if debug:
-            traceback.print_exc()
-        print(
-            f"gpulaunch: internal error: {type(exc).__name__}: {exc}; "
-            "rerun with --debug and report it",
-            file=sys.stderr,
-        )
-        code = INTERNAL_ERROR
+        code = _internal_error(exc, debug)
     sys.stdout.flush()
     sys.exit(code)

@@ -32,6 +32,7 @@ from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
 from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
+from gpulaunch.watcher.observers import Observer
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
@@ -133,6 +134,8 @@ def start(
 
         check_job_fits(opts.nproc, log_dir=view.log_dir is not None)
     no_bus = ""  # why the job API is not on D-Bus: a user manager without a user bus
+    # A front end's identity is its watcher's alone, never a rank's (frontend/tether.py).
+    front_end = os.environ.pop("GPULAUNCH_FRONTEND", None) if frontend_child else None
     if opts.manager is Manager.USER and systemd_wanted(opts.supervisor, os.environ):
         from gpulaunch.frontend.need import needs_frontend
         from gpulaunch.frontend.userbus import NO_BUS_LINE, UserManager, find_user_manager
@@ -227,6 +230,7 @@ def start(
         # the records first: Finished says they exist. Without systemd, a record file too,
         # and a bus is welcome but not needed.
         observers = (
+            *_tether(front_end, spec),  # first: a front end gone before it began
             *((FileRecorder(warn),) if unpublished else ()),
             Recorder(warn=(lambda _: None) if unpublished else None),  # the file has it then
             JobPublisher(
@@ -265,6 +269,22 @@ def start(
             ignore_interrupts()  # the end is decided: its status is the exit status
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
+
+
+def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:
+    """Under a front end: the watch on its life until its bus name holds us (frontend/tether.py)."""
+    if not front_end:
+        return ()
+    from gpulaunch.frontend.tether import FrontEndTether
+    from gpulaunch.frontend.unit import service_name
+
+    def stop_service() -> None:
+        from gpulaunch.supervisor.systemd_api import Systemd
+
+        with Systemd(Manager.USER) as systemd:
+            systemd.stop_unit(service_name(spec.names))
+
+    return (FrontEndTether(front_end, stop_service),)
 
 
 def _warn_about(spec: JobSpec, output: Output) -> None:

@@ -35,6 +35,8 @@ TEST_PACKAGES=(slurmd slurmctld slurm-client munge)
 TEST_PACKAGES+=(dpkg-dev debhelper)
 # The VM lab (sdbox/vm/, tests/vm/): a Debian 12 image and qemu to boot it.
 TEST_PACKAGES+=(debootstrap qemu-system-x86 qemu-utils e2fsprogs openssh-client)
+# strace holds a start-up window open (tests/integration/test_start_windows.py).
+TEST_PACKAGES+=(strace)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root (apt-get and the systemd box need it), e.g. sudo $0" >&2

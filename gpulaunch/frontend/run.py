@@ -6,7 +6,9 @@ that ties the service's life to ours once the service is starting, relays
 SIGINT/SIGTERM/SIGHUP to the watcher (`KillUnit` on its main process: the
 watcher's own rules apply, first = graceful stop, second = kill), and when the
 service has ended reads the watcher's exit status and returns it. The live
-output never passes through here: the watcher writes to our fds itself.
+output never passes through here: the watcher writes to our fds itself. Until
+our name holds the service, the watcher holds a pidfd of us (tether.py): our
+end in between stops the service too, at once.
 
 `--detach`: the service's stderr is a pipe to us until the job's units exist
 (watcher/detach.py's protocol); then we print the job id and return 0.
@@ -46,6 +48,7 @@ from gpulaunch.errors import (
     NoSystemdError,
     SystemdError,
 )
+from gpulaunch.frontend import tether
 from gpulaunch.frontend.peerbus import PeerBus
 from gpulaunch.frontend.unit import (
     RELAYED,
@@ -75,6 +78,14 @@ _PROPERTIES = "org.freedesktop.DBus.Properties"
 _CONNECT_TIMEOUT = 5.0
 _ENDED = ("inactive", "failed")
 _MAIN_EXIT = ("ExecMainExitTimestampMonotonic", "ExecMainCode", "ExecMainStatus")
+# The manager is off the bus for a moment (daemon-reexec): not there, or gone mid-call.
+_NO_REPLY = "org.freedesktop.DBus.Error.NoReply"
+_MANAGER_AWAY = (
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    _NO_REPLY,
+)
+_MANAGER_BACK_S = 5.0  # how long a manager that was there may take to be back
 
 
 def run_frontend(
@@ -157,8 +168,7 @@ class _FrontEnd:
 
     async def _call(self, msg: Message, what: str) -> Any:
         assert self.bus is not None
-        reply = await self.bus.call(msg)
-        assert reply is not None
+        reply = await self._call_again(msg)
         if reply.message_type is MessageType.ERROR:
             text = reply.body[0] if reply.body else reply.error_name
             if reply.error_name == "org.freedesktop.systemd1.UnitExists":
@@ -178,6 +188,45 @@ class _FrontEnd:
                 )
             raise SystemdError(f"your user manager could not {what}: {text}")
         return reply.body
+
+    async def _call_again(self, msg: Message) -> Message:
+        """The reply; asked again while the manager is briefly off the bus (a daemon-reexec:
+        not on the bus, or it left without replying), within `_MANAGER_BACK_S`.
+
+        A StartTransientUnit whose reply was lost may have created the service: asked
+        again, it is "UnitExists", and the service is ours if it names our bus name
+        (`--detach`: no name; a job id is started by one front end at a time).
+        """
+        assert self.bus is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _MANAGER_BACK_S
+        delay = 0.02
+        lost_reply = False
+        while True:
+            msg.serial = 0  # a fresh serial for each try (dbus-fast assigns it)
+            reply = await self.bus.call(msg)
+            assert reply is not None
+            transient = reply.error_name in _MANAGER_AWAY
+            if not transient or loop.time() + delay > deadline:
+                break
+            lost_reply = lost_reply or reply.error_name == _NO_REPLY
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        if (
+            lost_reply
+            and msg.member == "StartTransientUnit"
+            and reply.error_name == "org.freedesktop.systemd1.UnitExists"
+            and (self.name is None or await self._names_us())
+        ):
+            return Message(message_type=MessageType.METHOD_RETURN, reply_serial=msg.serial)
+        return reply
+
+    async def _names_us(self) -> bool:
+        """Whether the service that exists is the one we asked for (its BusName= is ours)."""
+        try:
+            return bool((await self._get_all(_SERVICE))["BusName"].value == self.name)
+        except (SystemdError, KeyError):
+            return False
 
     def _manager_call(self, member: str, signature: str, body: list[Any], **kw: Any) -> Message:
         return Message(
@@ -254,6 +303,8 @@ class _FrontEnd:
 
     async def _start(self, fds: tuple[int, int, int]) -> None:
         env, dropped = environment(os.environ)
+        if self.name is not None:  # its watcher stops if we end before our name holds it
+            env.append(f"{tether.ENV}={tether.identity(os.getpid())}")
         if dropped:
             print(
                 f"gpulaunch: warning: systemd takes no environment variable named like "
@@ -360,8 +411,9 @@ class _FrontEnd:
     async def _after_bus_loss(self) -> int:
         """The bus went away: the job is being stopped; its status from its record."""
         what = (
-            f"your session bus went away under job {self.spec.job} (systemctl --user "
-            "restart dbus?); systemd stops a job whose front end left the bus"
+            f"your session bus went away under job {self.spec.job} (your user manager "
+            "stopped: a logout without linger, loginctl terminate-user? or systemctl --user "
+            "restart dbus); systemd stops a job whose front end left the bus"
         )
         if self.peer:  # nothing stops the job: we follow the watcher to its end
             what = (

@@ -10,7 +10,7 @@ import asyncio
 import os
 from contextlib import nullcontext
 
-from dbus_fast import BusType
+from dbus_fast import BusType, Message
 from dbus_fast.aio import MessageBus
 from dbus_fast.auth import AuthExternal
 from dbus_fast.errors import AuthError, InvalidAddressError
@@ -46,6 +46,7 @@ async def connect(manager: Manager) -> MessageBus:
     """Connect to the job's bus, or raise NoSystemdError naming it."""
     address = bus_address(manager)
     other = whose.other() if manager is Manager.USER else None
+    bus: MessageBus | None = None
     try:
         bus = MessageBus(
             bus_address=address,
@@ -56,6 +57,8 @@ async def connect(manager: Manager) -> MessageBus:
         with whose.connecting_as(other) if other is not None else nullcontext():
             return await asyncio.wait_for(bus.connect(), CONNECT_TIMEOUT)
     except (OSError, AuthError, InvalidAddressError, TimeoutError) as exc:
+        if bus is not None:
+            forget(bus)
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         if manager is Manager.SYSTEM:
             hint = "is dbus running? gpulaunch needs the system bus that systemd uses"
@@ -72,3 +75,30 @@ async def connect(manager: Manager) -> MessageBus:
         raise NoSystemdError(
             f"cannot reach {bus_title(manager)} at {address} ({reason})", hint
         ) from None
+
+
+def forget(bus: MessageBus) -> None:
+    """Let go of a bus whose end nobody awaits: how it ended (EPIPE when the daemon went
+    away mid-handshake) is retrieved, never "Future exception was never retrieved"."""
+    ended: asyncio.Future[None] = bus._disconnect_future  # noqa: SLF001 (no public hook)
+    ended.add_done_callback(_retrieved)
+
+
+def send(bus: MessageBus, msg: Message) -> asyncio.Future[None] | None:
+    """`bus.send`, whose outcome nobody awaits (a lost bus is not the job's problem); None
+    when the bus went away under it. Then dbus-fast wrote at once, failed (EPIPE), closed the
+    socket and could not watch it (EBADF): the failed future is its writer's last one."""
+    try:
+        fut: asyncio.Future[None] = bus.send(msg)
+    except (OSError, ValueError):
+        failed = getattr(getattr(bus, "_writer", None), "fut", None)
+        if isinstance(failed, asyncio.Future):
+            failed.add_done_callback(_retrieved)
+        return None
+    fut.add_done_callback(_retrieved)
+    return fut
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

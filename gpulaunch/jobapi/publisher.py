@@ -58,6 +58,8 @@ from gpulaunch.jobapi.bus import (
     INTROSPECTABLE,
     PROPERTIES,
     connect,
+    forget,
+    send,
 )
 from gpulaunch.jobapi.interface import (
     FINISHED_SIGNATURE,
@@ -191,7 +193,12 @@ class JobPublisher:
         """
         self._bus = bus
         lost: asyncio.Future[None] = bus._disconnect_future  # noqa: SLF001 (no public hook)
-        lost.add_done_callback(lambda _: self._on_lost(bus))
+
+        def on_lost(future: asyncio.Future[None]) -> None:
+            _consume(future)  # how it went (EPIPE: the bus stopped) is not the job's concern
+            self._on_lost(bus)
+
+        lost.add_done_callback(on_lost)
 
     def _on_lost(self, bus: MessageBus) -> None:
         if self._bus is not bus or self._loop is None or self._loop.is_closed():
@@ -272,6 +279,7 @@ class JobPublisher:
 
     @staticmethod
     async def _disconnect(bus: MessageBus) -> None:
+        forget(bus)
         if bus.connected:
             bus.disconnect()
             try:
@@ -291,9 +299,7 @@ class JobPublisher:
     def _send(self, msg: Message) -> asyncio.Future[Any] | None:
         if self._bus is None or not self._bus.connected:
             return None
-        fut: asyncio.Future[Any] = self._bus.send(msg)
-        fut.add_done_callback(_consume)
-        return fut
+        return send(self._bus, msg)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

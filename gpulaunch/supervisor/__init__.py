@@ -56,6 +56,11 @@ class SupervisorEvents(Protocol):
         `what` says by what, for the report ("a stop of gpulaunch-x.slice from outside").
         """
 
+    def manager_gone(self, what: str) -> None:
+        """The manager that contained the ranks is gone for good (an ordinary user's manager
+        stops at her logout without linger): the job is interrupted, and the watcher ends
+        what is left of its ranks itself (their stop jobs went with the manager)."""
+
 
 class Supervisor(Protocol):
     """Contains a job's ranks and stops them as one."""

@@ -16,7 +16,10 @@ docs/architecture.md and systemd.scope(5), systemd.kill(5).
 
 A lost connection to systemd (daemon-reexec) is reconnected once it is seen;
 the state of whatever we were waiting for is then read from the units, as
-their `JobRemoved` may have gone to the old connection.
+their `JobRemoved` may have gone to the old connection. A manager that does not
+answer again within moments (supervisor/reach.py) is gone for good (an ordinary user's
+manager stops at her logout without linger, `loginctl terminate-user`): the
+watcher hears `manager_gone`, and nothing is asked of systemd any more.
 """
 
 from __future__ import annotations
@@ -25,10 +28,17 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
-from gpulaunch.errors import JobExistsError, SystemdError
+from gpulaunch.errors import (
+    GpulaunchError,
+    JobExistsError,
+    NoSystemdError,
+    StoppedWhileStartingError,
+    SystemdError,
+)
 from gpulaunch.supervisor import SupervisorEvents, Watch
+from gpulaunch.supervisor.reach import retry
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
@@ -58,6 +68,7 @@ class SystemdSupervisor:
         self._outside = False  # a stop from outside was reported
         self._creating = False  # create() runs: the job slice's start job (no path of ours)
         self._own_stops: set[str] = set()  # stop jobs of single ranks (stop_ranks)
+        self._gone = False  # the manager stopped for good: nothing is asked of it any more
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents
@@ -135,16 +146,32 @@ class SystemdSupervisor:
 
     def _create(self, call: Callable[[], str], name: str) -> str:
         """A StartTransientUnit call; a lost connection fails this start, cleanly."""
+        if self._gone:
+            raise StoppedWhileStartingError(f"the job's systemd manager went away ({name})")
         try:
-            return call()
-        except ConnectionLost as exc:
-            self._reconnect()
-            raise SystemdError(
-                f"systemd went away while creating {name} ({exc}); start the job again"
+            # No owner of the manager's name on the bus (a user manager's daemon-reexec): the
+            # call never reached it, so it is asked again while it comes back (reach.py).
+            return retry(call, (NoSystemdError,))
+        except ConnectionLost as exc:  # it may or may not have created `name`
+            self._lost_while_creating(name, exc)
+
+    def _lost_while_creating(self, name: str, exc: ConnectionLost) -> NoReturn:
+        """This start fails, cleanly: 71 "start the job again", or the manager is gone."""
+        if not self._reconnect():
+            raise StoppedWhileStartingError(
+                f"the job's systemd manager went away while creating {name} ({exc})"
             ) from exc
+        raise SystemdError(
+            f"systemd went away while creating {name} ({exc}); start the job again"
+        ) from exc
 
     async def _done(self, job: asyncio.Future[str], name: str) -> None:
         result = await job
+        if result == "canceled":  # only a stop job replaces a start job we did not cancel
+            raise StoppedWhileStartingError(
+                f"the job was stopped from outside while it started ({name}: its start job "
+                "was canceled)"
+            )
         if result != "done":
             raise SystemdError(f"systemd could not start {name}: its start job ended '{result}'")
 
@@ -153,6 +180,9 @@ class SystemdSupervisor:
     def stop_gang(self) -> None:
         """systemd sends SIGTERM to each rank's whole cgroup, SIGKILL after TimeoutStopSec=."""
         self._gang_stop_asked = True
+        if self._gone:  # the manager, stopping, stopped every unit; the watcher ends the rest
+            self._gang_stopped()
+            return
         self._stop_job = self._call(lambda: self.sd.stop_unit(self.units.ranks_slice.name))
         self._on_bus()
         if self._stop_job is None:  # the slice is not loaded: nothing left to stop
@@ -176,13 +206,19 @@ class SystemdSupervisor:
         self._on_bus()
 
     def signal_rank(self, rank: int, signum: int) -> None:
-        self.sd.kill_unit(self.units.ranks[rank].name, signum)
+        self._call(lambda: self.sd.kill_unit(self.units.ranks[rank].name, signum))
         self._on_bus()
 
     def catch_up(self) -> None:
         # systemd queues a stop job (JobNew) before it sends the SIGTERM: after a
         # round trip, the news of a `systemctl stop` that killed a rank is here.
-        self.sd.ping()
+        if self._gone:
+            return
+        try:
+            self.sd.ping()
+        except ConnectionLost:
+            if not self._reconnect():
+                return
         self._on_bus()
 
     def _gang_stopped(self) -> None:
@@ -191,18 +227,58 @@ class SystemdSupervisor:
 
     # -- the bus ----------------------------------------------------------
 
-    def _call(self, call: Callable[[], T]) -> T:
-        """An idempotent call (stop, kill): made again on a new connection if it was lost."""
+    def _call(self, call: Callable[[], T | None]) -> T | None:
+        """An idempotent call (stop, kill): made again on a new connection if it was lost;
+        None when the manager is gone (it stops every unit itself as it goes)."""
+        if self._gone:
+            return None
         try:
             return call()
         except ConnectionLost:
-            self._reconnect()
+            if not self._reconnect():
+                return None
             return call()
 
-    def _reconnect(self) -> None:
-        """A new connection, watched instead of the old; then what we missed."""
+    def _reconnect(self) -> bool:
+        """A new connection, watched instead of the old; then what we missed.
+
+        A manager being re-executed, or a bus being restarted, answers again within
+        moments (supervisor/reach.py). False: it is gone for good
+        (`manager_gone` was told); True: the job goes on.
+        """
         assert self._loop is not None and self._watch is not None
+        if self._gone:
+            return False
         self._loop.remove_reader(self._fd)  # before the old fd is closed (its number is reused)
+        self._fd = -1
+        try:
+            retry(self._connect_again, (ConnectionLost, GpulaunchError))
+            return True
+        except (ConnectionLost, GpulaunchError) as exc:
+            self._manager_lost(exc)
+            return False
+
+    def _manager_lost(self, exc: BaseException) -> None:
+        """The manager does not answer any more: what we waited for from it never comes."""
+        self._gone = True
+        reason = str(exc.message if isinstance(exc, GpulaunchError) else exc)
+        gone = StoppedWhileStartingError(f"the job's systemd manager went away ({reason})")
+        for _, future in self._awaited.values():
+            if not future.done():
+                future.set_exception(gone)
+        self._awaited.clear()
+        self._rank_jobs.clear()
+        assert self._events is not None
+        self._events.manager_gone(f"the end of its systemd manager ({reason})")
+        if self._gang_stop_asked and self._stop_job is not None:
+            self._stop_job = None  # its JobRemoved went with the manager
+            self._gang_stopped()
+
+    def _connect_again(self) -> None:
+        assert self._loop is not None and self._watch is not None
+        if self._fd >= 0:  # watched, then lost again: unwatched before it closes
+            self._loop.remove_reader(self._fd)
+            self._fd = -1
         self.sd.reconnect()
         self._fd = self.sd.fileno()
         self._watch(self._fd, self._on_bus)
@@ -233,10 +309,13 @@ class SystemdSupervisor:
         self._handle(missed)
 
     def _on_bus(self) -> None:
+        if self._gone:
+            return
         try:
             jobs = self.sd.events()
         except ConnectionLost:
-            self._reconnect()
+            if not self._reconnect():
+                return
             jobs = self.sd.events()
         self._handle(jobs)
 
@@ -254,6 +333,11 @@ class SystemdSupervisor:
                     future.set_result(job.result)
             elif job.path in self._rank_jobs:
                 rank = self._rank_jobs.pop(job.path)
+                if job.result == "canceled" and not self._gang_stop_asked:
+                    # A stop job replaced the rank's start job: a stop from outside (143),
+                    # not a failure of systemd's (71). Our own gang stop is told apart.
+                    self._stopped_from_outside(self.units.ranks[rank].name)
+                    continue
                 error = None
                 if job.result != "done":
                     unit = self.units.ranks[rank].name
@@ -285,6 +369,11 @@ class SystemdSupervisor:
             or self._outside
             or not (unit in job or (unit in gang and not self._gang_stop_asked))
         ):
+            return
+        self._stopped_from_outside(unit)
+
+    def _stopped_from_outside(self, unit: str) -> None:
+        if self._outside:
             return
         self._outside = True
         assert self._events is not None

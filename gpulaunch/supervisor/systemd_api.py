@@ -58,6 +58,7 @@ from gpulaunch.errors import (
 )
 from gpulaunch.frontend.userbus import user_private_socket
 from gpulaunch.model import Manager
+from gpulaunch.supervisor.reach import PRIVATE_SOCKET, retry
 from gpulaunch.units.codec import Property
 
 _DEST = b"org.freedesktop.systemd1"
@@ -68,8 +69,6 @@ _PROPERTIES = b"org.freedesktop.DBus.Properties"
 _UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 # A unit of a slice whose stop job is queued cannot be started: stopped from outside.
 _DESTRUCTIVE = "org.freedesktop.systemd1.TransactionIsDestructive"
-# The system manager's own socket: no D-Bus daemon between us (root only).
-PRIVATE_SOCKET = "/run/systemd/private"
 # What sd-bus answers once the peer closed the connection (or never answered).
 _LOST = frozenset({errno.ECONNRESET, errno.ENOTCONN, errno.EPIPE, errno.ESHUTDOWN})
 # Signals we hold during a synchronous call: every catchable one that is not a fault.
@@ -178,7 +177,7 @@ def _error_name(exc: DBusBaseError) -> str:
     return _text(getattr(exc, "err_name", "") or "")
 
 
-def _error_message(exc: DBusBaseError) -> str:
+def _error_message(exc: BaseException) -> str:
     return _text(getattr(exc, "err_message", "") or "") or str(exc)
 
 
@@ -213,7 +212,10 @@ class Systemd:
         self._callbacks: list[_Counter] = []
 
     def __enter__(self) -> Systemd:
-        self._open()
+        try:  # one that exists but does not answer yet is asked again (supervisor/reach.py)
+            retry(self._open, (ConnectionLost, NoSystemdError), self.manager)
+        except ConnectionLost as exc:
+            raise self._no_manager(exc) from exc
         return self
 
     def _open(self) -> None:
@@ -287,7 +289,7 @@ class Systemd:
         fd: int = self._bus.get_fd()
         return fd
 
-    def _no_manager(self, exc: DBusBaseError) -> NoSystemdError:
+    def _no_manager(self, exc: BaseException) -> NoSystemdError:
         if self.manager is Manager.USER:
             return NoSystemdError(
                 f"cannot reach your systemd user manager ({_error_message(exc)})",

@@ -48,6 +48,7 @@ from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
 from gpulaunch.watcher.settle import Settle
+from gpulaunch.watcher.unmanaged import end_ranks
 
 
 class Watcher(EventLoop):
@@ -356,6 +357,14 @@ class Watcher(EventLoop):
             if rank.state.alive:
                 rank.stop_requested = True
         self._interrupted(signal.SIGTERM, what)
+
+    def manager_gone(self, what: str) -> None:
+        """Nobody stops the ranks for us now: we do (watcher/unmanaged.py)."""
+        self.output.message(f"gpulaunch: job {self.spec.job}: {what}; stopping its ranks")
+        self.stopped_from_outside(what)
+        self._begin_stop()  # (while starting too: no rank may run without a manager)
+        end_ranks(self.ranks, signal.SIGTERM)
+        self._aio.call_later(self.spec.grace_sec, end_ranks, self.ranks, signal.SIGKILL)
 
     def _open_gates(self) -> None:
         """Let every rank run at once, when all of them are in their scopes (all at once: one

@@ -34,11 +34,20 @@ class HeldChild:
     gate: int | None  # write end of the gate pipe; None once opened or abandoned
 
     def release(self) -> None:
-        """Let the child exec its program."""
+        """Let the child exec its program.
+
+        A child that died at its gate (a stop from outside killed it, or the OOM
+        killer) has closed the pipe's read end: EPIPE here is not an error of
+        ours, and its death comes through its pidfd like any other rank's.
+        """
         if self.gate is not None:
-            os.write(self.gate, b"x")
-            os.close(self.gate)
-            self.gate = None
+            try:
+                os.write(self.gate, b"x")
+            except BrokenPipeError:
+                pass  # it is dead; its pidfd says how
+            finally:
+                os.close(self.gate)
+                self.gate = None
 
     def abandon(self) -> None:
         """Close the gate without opening it: the child exits with GATE_CLOSED."""

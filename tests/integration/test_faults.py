@@ -117,9 +117,10 @@ def test_outside_stops_early_in_start_up_never_hang_the_watcher(job: Job) -> Non
         job.box.run(["systemctl", "stop", "--no-block", job.names.job_slice], capture_output=True)
         _, err = proc.communicate(timeout=120)
         ends.append((i, proc.returncode, err.strip().splitlines()[-1:]))
-        # Never killed by its scope's stop timeout. (Other outcomes of a stop this early,
-        # 71 "start job ended 'canceled'", are issue 13 item 5's: printed, not asserted.)
+        # Never killed by its scope's stop timeout; and a stop from outside, however early,
+        # is 143 (issue 22 item 1: not 71 "start job ended 'canceled'", not a silent 141).
         assert proc.returncode != -signal.SIGKILL, failing_first(ends, err)
+        assert proc.returncode == 143 and "internal error" not in err, failing_first(ends, err)
         assert_clean(job)
     print("outside stops early in start-up:", [e for e in ends if e[1] != 143])
 
