@@ -15,23 +15,29 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpulaunch.debug.options import HangOptions
-from gpulaunch.errors import NoSystemdError
+from gpulaunch.errors import GpulaunchError, NoSystemdError
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.model import JobSpec, Manager, SupervisorKind
 from gpulaunch.multinode.protocol import Layout
+from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import count, format_report
-from gpulaunch.supervisor.choose import systemd_wanted
+from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
 from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
+
+if TYPE_CHECKING:
+    from gpulaunch.supervisor.keeper import KeeperLink
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
@@ -110,6 +116,9 @@ def start(
         detached = Detached.fork() if detach else None
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher
+    # The direct supervisor's keeper (supervisor/keeper.py): forked before anything of the
+    # job exists, where the direct supervisor is sure; else once it is chosen (below).
+    keeper = None if systemd_wanted(opts.supervisor, os.environ) else _fork_keeper(spec)
     # detached: nobody watches the terminal; the journal and --log-dir still get everything
     output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
     journal_problem = journal_reachable()
@@ -138,6 +147,10 @@ def start(
 
         chosen = open_supervisor(opts.supervisor, spec, units, os.environ, stack, warn)
         direct = chosen.supervisor.name == "direct"
+        if direct:
+            if keeper is None and peer is None:  # the peer must stay the watcher's child
+                keeper = _fork_keeper(spec)
+            chosen = _kept(chosen, keeper)
 
         def announce() -> None:
             output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
@@ -180,6 +193,29 @@ def start(
         report = replace(report, log_drops=journal_drops(spec, output, missed))
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
+
+
+def _fork_keeper(spec: JobSpec) -> KeeperLink:
+    """Become the keeper (never returns) in the parent; the watcher goes on in the child."""
+    from gpulaunch.supervisor.keeper import fork_keeper
+    from gpulaunch.watcher.errorfile import runtime_base
+
+    try:
+        error_dirs: Path | None = runtime_base(spec.manager) / "gpulaunch"
+    except GpulaunchError:
+        error_dirs = None  # the watcher says why, once
+    return fork_keeper(resource_manager_step(os.environ) is not None, error_dirs)
+
+
+def _kept(chosen: Chosen, keeper: KeeperLink | None) -> Chosen:
+    """The direct supervisor told of its keeper; the start line says what it guarantees."""
+    from gpulaunch.supervisor.direct import CgroupSupervisor, ProcessGroupSupervisor
+
+    supervisor = chosen.supervisor
+    assert isinstance(supervisor, CgroupSupervisor | ProcessGroupSupervisor)
+    before = supervisor.guarantees()
+    supervisor.keeper = keeper
+    return replace(chosen, line=supervisor.guarantees() + chosen.line.removeprefix(before))
 
 
 def _warn_about(spec: JobSpec, output: Output) -> None:

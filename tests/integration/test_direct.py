@@ -12,6 +12,7 @@ shell that started it (pids are the container's).
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -133,6 +134,49 @@ def test_watcher_sigkill_kills_the_ranks(mode: str, ct: Container, work: Path) -
         f"{gone} && echo RANKS-GONE"
     )
     assert "RANKS-GONE" in res.stdout, res.stdout
+
+
+# Every process a job of rank.py can leave: its ranks and what they start.
+LEFT = (
+    "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' <$d/cmdline 2>/dev/null); "
+    'case "$c" in "sh "*) ;; *rank.py*|*"sleep 300"*|*gpulaunch*) echo "LEFT ${d#/proc/} $c";; '
+    "esac; done"
+)  # (not the test's own shell, whose script names them all)
+
+
+def kill_watcher_after(delay: float) -> str:
+    """sh, after `cmd & k=$!`: SIGKILL the watcher (the keeper's one child) `delay` s in."""
+    return (
+        f"sleep {delay:.3f}; w=; until [ -n \"$w\" ]; do "
+        "w=$(cut -d' ' -f1 /proc/$k/task/$k/children 2>/dev/null) || sleep 0.01; done; "
+        'kill -KILL "$w"; wait $k; echo "rc=$? watcher=$w"'
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
+def test_watcher_sigkill_at_any_instant_leaves_nothing(
+    mode: str, seed: int, ct: Container, work: Path
+) -> None:
+    """Issue 22 item 3: a watcher SIGKILLed at a seeded instant (starting, placing, running)
+    leaves no process of its ranks (a multiprocessing worker, a subprocess child, a setsid
+    daemon), no cgroup, no error-file directory; its keeper exits 137; the id runs again."""
+    _, ro = MODES[mode]
+    delay = random.Random(seed).uniform(0.0, 3.0)
+    first = start(work, ro, "leak", "--sleep", "300", "--worker", "--grandchild", "--daemon")
+    again = start(work, ro, "leak", "--sleep", "0")
+    res = ct.run(
+        f"{first} & k=$!; {kill_watcher_after(delay)}; "
+        f"if ls {work}/*.pid >/dev/null 2>&1; then {alive_script(work)}; fi; {LEFT}; "
+        f"ls /run/gpulaunch 2>/dev/null | sed 's/^/ERRDIR /'; "
+        f"{again}; echo again=$?"
+    )
+    print(f"seed {seed}: SIGKILL {delay:.3f} s after the start\n{res.stdout}")
+    assert "rc=137 " in res.stdout, res.stdout
+    assert "ALIVE" not in res.stdout and "LEFT" not in res.stdout, res.stdout
+    assert "ERRDIR" not in res.stdout, res.stdout
+    assert "again=0" in res.stdout, res.stdout
+    assert ct.leftovers() == []
 
 
 def test_watcher_sigkill_as_pid1_ends_the_container(ct: Container, work: Path) -> None:
