@@ -148,7 +148,8 @@ def kill_watcher_after(delay: float) -> str:
     """sh, after `cmd & k=$!`: SIGKILL the watcher (the keeper's one child) `delay` s in."""
     return (
         f"sleep {delay:.3f}; w=; until [ -n \"$w\" ]; do "
-        "w=$(cut -d' ' -f1 /proc/$k/task/$k/children 2>/dev/null) || sleep 0.01; done; "
+        "w=$(cut -d' ' -f1 /proc/$k/task/$k/children 2>/dev/null); [ -n \"$w\" ] || sleep 0.01; "
+        "done; "
         'kill -KILL "$w"; wait $k; echo "rc=$? watcher=$w"'
     )
 
@@ -176,6 +177,26 @@ def test_watcher_sigkill_at_any_instant_leaves_nothing(
     assert "ALIVE" not in res.stdout and "LEFT" not in res.stdout, res.stdout
     assert "ERRDIR" not in res.stdout, res.stdout
     assert "again=0" in res.stdout, res.stdout
+    assert ct.leftovers() == []
+
+
+def test_cgroup_of_a_dead_watcher_and_keeper_does_not_block_the_id(
+    ct: Container, work: Path
+) -> None:
+    """Watcher and keeper SIGKILLed together (their process group): what the ranks started
+    stays in the job's cgroup, but its watcher cgroup is empty: the next start of the same
+    id removes it (killing what is left) and runs, instead of 73 "already running"."""
+    first = start(work, False, "stale", "--sleep", "300", "--grandchild", "--daemon")
+    again = start(work, False, "stale", "--sleep", "0")
+    res = ct.run(
+        f"setsid {first} & k=$!; {ready(work)}; kill -KILL -- -$k; wait $k; "
+        f"ls -d /sys/fs/cgroup/gpulaunch-stale && echo STALE; {again}; echo again=$?; "
+        f"{alive_script(work)}"
+    )
+    assert "STALE" in res.stdout, res.stdout  # (the test itself: something was left)
+    assert "again=0" in res.stdout, res.stdout
+    assert "left by a job whose watcher is gone" in res.stdout, res.stdout
+    assert "ALIVE" not in res.stdout, res.stdout
     assert ct.leftovers() == []
 
 
