@@ -99,9 +99,7 @@ def _open_dir(base: Path, create: bool) -> int:
     if create:
         top.mkdir(parents=True, exist_ok=True, mode=0o755 if os.geteuid() == 0 else 0o700)
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if os.geteuid() == 0:
-            _check_dir(fd, top, 0o022)  # /run: root's, nobody else writes there
+    try:  # (/run itself may be a sticky 1777 tmpfs in a container: what we make is checked)
         for name, mode in ((base.parent.name, 0o755), (base.name, 0o700)):
             if create:
                 with contextlib.suppress(FileExistsError):
@@ -111,7 +109,8 @@ def _open_dir(base: Path, create: bool) -> int:
             )
             os.close(fd)
             fd = sub
-            _check_dir(fd, top / name, 0o022)
+            top = top / name
+            _check_dir(fd, top, 0o022)
         return fd
     except BaseException:
         os.close(fd)

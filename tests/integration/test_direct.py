@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.jobapi import filerecord
+from gpulaunch.jobapi.view import JobState, JobView, RankView
 from sdbox.procs import first_child
 from tests.integration.container import Container, alive_script, container
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, SHARED, wait_until
@@ -147,7 +149,7 @@ LEFT = (
 def kill_watcher_after(delay: float) -> str:
     """sh, after `cmd & k=$!`: SIGKILL the watcher (the keeper's one child) `delay` s in."""
     return (
-        f"sleep {delay:.3f}; w=; until [ -n \"$w\" ]; do "
+        f'sleep {delay:.3f}; w=; until [ -n "$w" ]; do '
         "w=$(cut -d' ' -f1 /proc/$k/task/$k/children 2>/dev/null); [ -n \"$w\" ] || sleep 0.01; "
         "done; "
         'kill -KILL "$w"; wait $k; echo "rc=$? watcher=$w"'
@@ -257,3 +259,81 @@ def test_sigusr1_reaches_the_ranks_and_the_job_goes_on(
     assert "job notice succeeded" in res.stdout  # the report, and `status` from the record
     for r in (0, 1):
         assert len((work / f"rank{r}.usr1").read_text().split()) == 2
+
+
+def test_job_tools_after_a_sigkilled_watcher_without_a_bus(ct: Container, work: Path) -> None:
+    """Issue 22 items 5 and 9, in a container without systemd or a bus: once the watcher is
+    SIGKILLed its record still says `running`, but status/wait/signal check the watcher
+    itself (76: it went away), `list` no longer counts it as running while `list --all`
+    shows it; an unknown job is 3 for status, wait and signal alike; an ended job's signal
+    says it ended."""
+    cmd = start(work, True, "gone", "--sleep", "300")
+    tool = {name: gpulaunch(work, *args) for name, args in {
+        "status": ("status", "gone"), "wait": ("wait", "gone"),
+        "signal": ("signal", "gone", "USR1"), "list": ("list",), "all": ("list", "--all"),
+        "nosuch-status": ("status", "nosuch"),
+        "nosuch-wait": ("wait", "nosuch"), "nosuch-signal": ("signal", "nosuch", "USR1"),
+    }.items()}  # fmt: skip
+    runs = "; ".join(f"echo '== {n}'; {c} 2>&1; echo \"rc {n}=$?\"" for n, c in tool.items())
+    res = ct.run(
+        f"{cmd} & k=$!; {ready(work)}; w=$(cut -d' ' -f1 /proc/$k/task/$k/children); "
+        f"kill -KILL $w; wait $k; {runs}; {start(work, True, 'done', '--sleep', '0')}; "
+        f'{gpulaunch(work, "signal", "done", "USR1")} 2>&1; echo "rc ended-signal=$?"'
+    )
+    out = res.stdout
+    for name in ("status", "wait", "signal"):
+        assert f"rc {name}=76" in out, out
+    assert "went away without saying how the job ended" in out, out
+    for name in ("nosuch-status", "nosuch-wait", "nosuch-signal"):
+        assert f"rc {name}=3" in out, out
+    assert "rc list=0" in out and "rc all=0" in out, out
+    listed = out.split("== list\n", 1)[1].split("== all\n")
+    assert "gone" not in listed[0].split("rc list=")[0], out  # not running
+    assert "gone" in listed[1].split("rc all=")[0], out
+    assert "rc ended-signal=3" in out and "job 'done' is not running: it ended" in out, out
+
+
+FORGED_PID = 987654321
+
+
+def forged_record(where: Path) -> str:
+    """A running job's record as gpulaunch writes it, naming FORGED_PID as its watcher."""
+    rank = RankView(
+        rank=0, local_rank=0, unit="u", pid=FORGED_PID, state="running", exit_code=-1,
+        signal=0, stopped_by_watcher=False, status=-1, runtime=0.0,
+    )  # fmt: skip
+    view = JobView(
+        job="fakejob", slice="s", manager="system", owner=0, watcher_pid=FORGED_PID,
+        state=JobState.RUNNING, world_size=1, ranks=(rank,),
+    )  # fmt: skip
+    return filerecord.write(view, "job fakejob started", where).read_text()
+
+
+def test_root_ignores_a_hostile_home_for_the_record_file(ct: Container, work: Path) -> None:
+    """Issue 22 item 4: root with HOME/XDG_STATE_HOME of another user (sudo -E): her forged
+    record naming a live root process is not read (nothing signalled), her `jobs` link to a
+    root directory is neither written through nor pruned; root's record is in /run."""
+    hostile = work / "mallory"
+    (hostile / "gpulaunch").mkdir(parents=True)
+    victim_dir = work / "rootdir"
+    victim_dir.mkdir(mode=0o700)
+    for i in range(3):
+        (victim_dir / f"{i}.json").write_text("{}")
+    (hostile / "gpulaunch" / "jobs").symlink_to(victim_dir)
+    forged = forged_record(work / "forge" / "gpulaunch" / "jobs")
+    env = f"env HOME={hostile} XDG_STATE_HOME={hostile}"
+    job = shlex.join([GPULAUNCH, "start", "--nproc", "1", "--job", "mine", "--no-python", "true"])
+    sig = shlex.join([GPULAUNCH, "signal", "fakejob", "USR1"])
+    res = ct.run(
+        f"sleep 300 & v=$!; echo {shlex.quote(forged)} >/tmp/forged; "
+        f"for n in fakejob@$(hostname).json fakejob.json; do "
+        f"sed s/{FORGED_PID}/$v/g /tmp/forged >{victim_dir}/$n; done; "
+        f"{env} {sig} 2>&1; echo rc-signal=$?; "
+        f"{env} {job} 2>&1; echo rc-job=$?; ls /run/gpulaunch/jobs; "
+        f"[ -e /proc/$v ] && echo VICTIM-ALIVE"
+    )
+    out = res.stdout
+    assert "rc-signal=3" in out and "VICTIM-ALIVE" in out, out
+    assert "rc-job=0" in out and "mine@" in out, out
+    assert {p.name for p in victim_dir.iterdir()} >= {"0.json", "1.json", "2.json"}
+    assert not any(p.name.startswith("mine") for p in victim_dir.iterdir())

@@ -60,9 +60,7 @@ def test_a_planted_tmp_link_is_not_written_through(base: Path, tmp_path: Path) -
     assert found is not None and found.state is JobState.SUCCEEDED
 
 
-def test_a_record_that_is_a_link_is_not_read_nor_pruned_through(
-    base: Path, tmp_path: Path
-) -> None:
+def test_a_record_that_is_a_link_is_not_read_nor_pruned_through(base: Path, tmp_path: Path) -> None:
     filerecord.write(_view(JobState.SUCCEEDED), "ended", base)
     real = base / filerecord.file_name("j")
     elsewhere = tmp_path / "elsewhere.json"
