@@ -14,6 +14,7 @@ import pytest
 from gpulaunch import procid
 from gpulaunch.jobapi import filerecord
 from gpulaunch.jobapi.view import JobState, JobView, RankView
+from gpulaunch.watcher import errorfile
 
 
 def _view(state: JobState, pid: int | None = None, job: str = "j") -> JobView:
@@ -143,3 +144,39 @@ def test_another_boot_is_not_here() -> None:
     assert me is not None and me.alive()
     assert not procid.Identity(me.pid, me.start, "another-boot", me.pidns).alive()
     assert not procid.Identity(me.pid, me.start, me.boot, me.pidns + 1).alive()
+
+
+def _job_dir(parent: Path, name: str, pid: int) -> Path:
+    d = parent / name
+    d.mkdir()
+    me = procid.Identity.of(os.getpid())
+    assert me is not None
+    start = me.start if pid == os.getpid() else (procid.start_time(pid) or 1)
+    ident = procid.Identity(pid, start, me.boot, me.pidns)
+    (d / errorfile.MARKER).write_text(json.dumps(ident.to_json()))
+    (d / "attempt_0" / "0").mkdir(parents=True)
+    return d
+
+
+def test_error_dirs_of_dead_watchers_are_pruned_and_nothing_else(tmp_path: Path) -> None:
+    """Issue 22 item 13: a later start removes what a SIGKILLed watcher left; a live
+    watcher's directory, one without a marker, and a link are left alone."""
+    parent = tmp_path / "gpulaunch"
+    parent.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = _job_dir(parent, "gone.abc", dead.pid)
+    mine = _job_dir(parent, "live.def", os.getpid())
+    unmarked = parent / "unmarked.ghi"
+    unmarked.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / errorfile.MARKER).write_text((gone / errorfile.MARKER).read_text())
+    (parent / "link.jkl").symlink_to(target)
+    assert errorfile.prune_dead(parent) == 1
+    assert not gone.exists() and mine.exists() and unmarked.exists() and target.exists()
+    _job_dir(parent, "gone2.abc", dead.pid)
+    files = errorfile.ErrorFiles(tmp_path, "next")  # a later start prunes first
+    assert (files.root / errorfile.MARKER).exists()
+    files.__exit__(None, None, None)
+    assert sorted(p.name for p in parent.iterdir()) == ["link.jkl", "live.def", "unmarked.ghi"]
