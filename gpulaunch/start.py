@@ -198,13 +198,18 @@ def start(
 def _fork_keeper(spec: JobSpec) -> KeeperLink:
     """Become the keeper (never returns) in the parent; the watcher goes on in the child."""
     from gpulaunch.supervisor.keeper import fork_keeper
-    from gpulaunch.watcher.errorfile import runtime_base
+    from gpulaunch.watcher.errorfile import prune_dead, runtime_base
 
     try:
         error_dirs: Path | None = runtime_base(spec.manager) / "gpulaunch"
     except GpulaunchError:
         error_dirs = None  # the watcher says why, once
-    return fork_keeper(resource_manager_step(os.environ) is not None, error_dirs)
+
+    def at_end() -> None:  # the watcher's error-file directory, now that it is gone
+        if error_dirs is not None:
+            prune_dead(error_dirs)
+
+    return fork_keeper(resource_manager_step(os.environ) is not None, at_end)
 
 
 def _kept(chosen: Chosen, keeper: KeeperLink | None) -> Chosen:

@@ -8,7 +8,7 @@ job share its id, and $HOME is often on NFS.
 
 What: the journal record's fields (gpulaunch/jobapi/record.py, docs/dbus.md)
 as one JSON object, written when the job starts (state `starting`) and again
-when it ends, plus the watcher's identity (gpulaunch/procid.py: pid, start
+when it ends, plus the watcher's identity (gpulaunch/jobapi/procid.py: pid, start
 time, boot, pid namespace). `gpulaunch status`, `wait` and `signal` believe a
 record's "running" only while that very watcher runs, and act on it through a
 pidfd opened and checked against the identity, never on the pid alone.
@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpulaunch.jobapi.procid import Identity, node_name
 from gpulaunch.jobapi.record import fields, parse
 from gpulaunch.jobapi.view import JobState, JobView, bus_label
 from gpulaunch.model import JobProgress, JobReport, RankProgress
-from gpulaunch.procid import Identity, node_name
 from gpulaunch.report import headline
 
 KEEP = 100  # records kept; the oldest go first

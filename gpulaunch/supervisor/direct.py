@@ -39,9 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import signal
-import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
@@ -55,7 +53,7 @@ from gpulaunch.linux import (
 )
 from gpulaunch.model import JobSpec
 from gpulaunch.supervisor import SupervisorEvents, Watch
-from gpulaunch.supervisor.cgroups import Cgroup
+from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.keeper import KeeperLink, remove_tree
 from gpulaunch.supervisor.pgroups import Proc, descendants, reap_adopted, signal_all
 
@@ -300,28 +298,11 @@ class CgroupSupervisor(_Direct):
         for pid in self.watcher.pids():  # back where we came from, so that ours can go
             with contextlib.suppress(OSError):
                 self.own.add(pid)
-        _remove_when_empty([*self.ranks, self.watcher], CLEANUP_TIMEOUT)
+        remove_when_empty([*self.ranks, self.watcher], CLEANUP_TIMEOUT)
         if not self.job.remove():
             self.warn(f"could not remove the job's cgroup {self.job.path}: it is not empty")
         elif self.keeper is not None:
             self.keeper.tell(released=True)
-
-
-def _remove_when_empty(cgroups: Sequence[Cgroup], timeout: float) -> None:
-    """rmdir each, waiting (inotify, bounded) for killed processes to leave first."""
-    fd = inotify_init()
-    try:
-        for cgroup in cgroups:
-            with contextlib.suppress(OSError):
-                inotify_watch(fd, str(cgroup.path / "cgroup.events"))
-        deadline = time.monotonic() + timeout
-        while not all(c.remove() for c in cgroups):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return
-            inotify_events(fd)
-    finally:
-        os.close(fd)
 
 
 class ProcessGroupSupervisor(_Direct):

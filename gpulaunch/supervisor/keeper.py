@@ -38,15 +38,16 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
 from gpulaunch.linux import become_subreaper, set_parent_death_signal
-from gpulaunch.supervisor.cgroups import Cgroup
+from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.pgroups import descendants, signal_all
 
+CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed processes to leave a cgroup
 SI_KERNEL = 0x80  # siginfo's si_code of a signal the kernel sent (a terminal's ^C, hangup)
 RELAYED = (
     signal.SIGINT,
@@ -98,12 +99,13 @@ class Leftovers:
             self.enabled.clear()
 
 
-def fork_keeper(in_step: bool, error_dirs: Path | None) -> KeeperLink:
+def fork_keeper(in_step: bool, at_end: Callable[[], object]) -> KeeperLink:
     """Fork: returns in the child (the watcher); the parent keeps and never returns.
 
     `in_step`: inside a resource manager's step, whose signals reach every process
-    of it (the watcher too): the keeper passes none on. `error_dirs`: where the
-    watcher makes its error-file directory (errorfile.py), pruned at the end.
+    of it (the watcher too): the keeper passes none on. `at_end`: run once the
+    watcher and every process below it are gone (start.py: prune dead watchers'
+    error-file directories, watcher/errorfile.py).
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -121,13 +123,13 @@ def fork_keeper(in_step: bool, error_dirs: Path | None) -> KeeperLink:
         return KeeperLink(keeper, write_end)
     os.close(write_end)
     try:
-        _keep(pid, read_end, in_step, error_dirs)
+        _keep(pid, read_end, in_step, at_end)
     finally:
         os._exit(70)  # pragma: no cover - _keep never returns
 
 
 def _keep(  # pragma: no cover - the keeper
-    watcher: int, messages: int, in_step: bool, error_dirs: Path | None
+    watcher: int, messages: int, in_step: bool, at_end: Callable[[], object]
 ) -> NoReturn:
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
@@ -152,10 +154,8 @@ def _keep(  # pragma: no cover - the keeper
             left.take(json.loads(line))
     killed = end_descendants()
     removed = _remove_cgroup(left)
-    if error_dirs is not None:
-        from gpulaunch.watcher.errorfile import prune_dead
-
-        prune_dead(error_dirs)  # the watcher's, now that it is gone
+    with contextlib.suppress(Exception):  # nothing may keep us from exiting as the watcher did
+        at_end()
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         parts = [f"{killed} process(es) of its ranks"] if killed else []
@@ -228,15 +228,13 @@ def _children(cgroup: Cgroup) -> list[Cgroup]:
 
 def remove_tree(job: Cgroup) -> bool:
     """Kill what is in a job's cgroups, wait (bounded) for it to go, remove them all."""
-    from gpulaunch.supervisor.direct import CLEANUP_TIMEOUT, _remove_when_empty
-
     children = _children(job)
     for child in children:
         if child.populated() and os.getpid() not in child.pids():  # never ourselves
             child.kill()
     for controller in _subtree(job):
         job.disable(controller)
-    _remove_when_empty(children, CLEANUP_TIMEOUT)
+    remove_when_empty(children, CLEANUP_TIMEOUT)
     return job.remove()
 
 

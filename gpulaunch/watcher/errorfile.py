@@ -7,7 +7,7 @@ the cause rank's file for the report, and removes the directory at the end.
 
 A watcher killed before its end cannot remove it: each directory holds a
 `watcher` file naming its watcher (pid, start time, boot, pid namespace:
-gpulaunch/procid.py), and every start removes the directories whose watcher is
+gpulaunch/jobapi/procid.py), and every start removes the directories whose watcher is
 gone (`prune_dead`; the direct supervisor's keeper does so at once). Only our
 own directories are touched, never through a link.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 from types import TracebackType
 
 from gpulaunch.errors import UnavailableError
+from gpulaunch.jobapi.procid import Identity
 from gpulaunch.logs.excerpt import text_excerpt
 from gpulaunch.model import Manager
-from gpulaunch.procid import Identity
 
 
 def runtime_base(manager: Manager) -> Path:

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch import procid
-from gpulaunch.jobapi import filerecord
+from gpulaunch.jobapi import filerecord, procid
 from gpulaunch.jobapi.view import JobState, JobView, RankView
 from gpulaunch.watcher import errorfile
 
