@@ -107,8 +107,9 @@ def _ended(job: str, view: JobView) -> UnknownJobError:
 
 def _records(running_only: bool) -> list[JobView]:
     """The direct supervisor's record files, as believed (a dead watcher's job is not running)."""
-    views = filerecord.recent()
-    return [v for v in views if not v.state.ended] if running_only else views
+    if running_only:  # what runs here: another node's records cannot be checked from here
+        return [v for v in filerecord.recent(this_node=True) if not v.state.ended]
+    return filerecord.recent()
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -76,10 +76,15 @@ class FileRecord:
     def watcher_alive(self) -> bool:
         return self.watcher is not None and self.watcher.alive()
 
+    @property
+    def this_node(self) -> bool:
+        return self.node == node_name()
+
     def believed(self) -> JobView:
         """The view, unless it says the job runs while its watcher is gone: then `failed`,
-        status -1 (nobody knows how it ended)."""
-        if self.view.state.ended or self.watcher_alive():
+        status -1 (nobody knows how it ended). Another node's record (a shared $HOME) is
+        its word: nothing here can check it."""
+        if self.view.state.ended or not self.this_node or self.watcher_alive():
             return self.view
         return replace(self.view, state=JobState.FAILED, cause=self.lost_cause())
 
@@ -227,9 +232,9 @@ def recent_records(base: Path | None = None) -> list[FileRecord]:
     return sorted(found, key=lambda r: -r.mtime)
 
 
-def recent(base: Path | None = None) -> list[JobView]:
-    """Every readable record, newest first, as believed."""
-    return [r.believed() for r in recent_records(base)]
+def recent(base: Path | None = None, this_node: bool = False) -> list[JobView]:
+    """Every readable record (`this_node`: of this node only), newest first, as believed."""
+    return [r.believed() for r in recent_records(base) if r.this_node or not this_node]
 
 
 def wait(job: str, base: Path | None = None) -> JobView | None:

@@ -179,3 +179,16 @@ def test_error_dirs_of_dead_watchers_are_pruned_and_nothing_else(tmp_path: Path)
     assert (files.root / errorfile.MARKER).exists()
     files.__exit__(None, None, None)
     assert sorted(p.name for p in parent.iterdir()) == ["link.jkl", "live.def", "unmarked.ghi"]
+
+
+def test_another_nodes_running_record_is_its_word(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared $HOME: node n2's running job is not called lost on n1 (nothing there can
+    check it), and `find` on n1 does not read it."""
+    monkeypatch.setattr(filerecord, "node_name", lambda: "n2")
+    filerecord.write(_view(JobState.RUNNING, pid=999999999), "started", base)
+    monkeypatch.setattr(filerecord, "node_name", lambda: "n1")
+    assert filerecord.find("j", base) is None
+    assert [v.state for v in filerecord.recent(base)] == [JobState.RUNNING]
+    assert filerecord.recent(base, this_node=True) == []
