@@ -21,10 +21,12 @@ below it (anything of the job, wherever in the tree it went: an orphan comes to
 the keeper) gets SIGKILL until none is left; the job's cgroup (the cgroup way),
 which the watcher announced over a pipe, is emptied and removed; the job's
 error-file directory too. Then the keeper exits with the watcher's exact status
-(a signal: the same signal). Signals sent to the keeper itself (`kill $!`) are
-passed on to the watcher, except the terminal's (they reach the watcher too,
-which is in the same process group) and, inside a resource manager's step,
-all (Slurm signals every process of the step itself).
+(a signal: the same signal). The watcher is a process group of its own, so
+that a signal for the job's process group (the terminal's ^C, bash's `kill %1`)
+reaches the keeper alone; the keeper passes every signal it gets on to the
+watcher (`kill $!` too): each reaches the watcher once, and a second one still
+means "kill now". Inside a resource manager's step it passes none on: Slurm
+signals every process of the step itself, the watcher too.
 
 The watcher gets PR_SET_PDEATHSIG SIGTERM: a keeper SIGKILLed stops the job as
 a SIGTERM would, with its grace period, and the watcher (a subreaper itself)
@@ -48,7 +50,6 @@ from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.pgroups import descendants, signal_all
 
 CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed processes to leave a cgroup
-SI_KERNEL = 0x80  # siginfo's si_code of a signal the kernel sent (a terminal's ^C, hangup)
 RELAYED = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -116,6 +117,8 @@ def fork_keeper(in_step: bool, at_end: Callable[[], object]) -> KeeperLink:
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # the job's process group's signals reach the keeper alone
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != keeper:  # it died before the line above
@@ -136,16 +139,19 @@ def _keep(  # pragma: no cover - the keeper
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.closerange(3, messages)
     os.closerange(messages + 1, os.sysconf("SC_OPEN_MAX"))
-    for fd in (0, 1):  # stdout's reader sees its end with the watcher's
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+    with contextlib.suppress(OSError):  # stdout's reader sees its end with the watcher's
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        if null > 2:
+            os.close(null)
     become_subreaper()
     status: int | None = None
     while status is None:
         info = signal.sigwaitinfo(WAITED)
         if info.si_signo == signal.SIGCHLD:
             status = _reap(watcher)
-        elif not in_step and info.si_code != SI_KERNEL:
+        elif not in_step:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(watcher, info.si_signo)  # our unreaped child: the pid is its own
     left = Leftovers()
