@@ -185,13 +185,14 @@ def test_watcher_sigkill_at_any_instant_leaves_nothing(
 def test_cgroup_of_a_dead_watcher_and_keeper_does_not_block_the_id(
     ct: Container, work: Path
 ) -> None:
-    """Watcher and keeper SIGKILLed together (their process group): what the ranks started
+    """Watcher and keeper SIGKILLed together (the keeper stopped first): what the ranks started
     stays in the job's cgroup, but its watcher cgroup is empty: the next start of the same
     id removes it (killing what is left) and runs, instead of 73 "already running"."""
     first = start(work, False, "stale", "--sleep", "300", "--grandchild", "--daemon")
     again = start(work, False, "stale", "--sleep", "0")
     res = ct.run(
-        f"setsid {first} & k=$!; {ready(work)}; kill -KILL -$k; wait $k; "
+        f"{first} & k=$!; {ready(work)}; w=$(cut -d' ' -f1 /proc/$k/task/$k/children); "
+        "kill -STOP $k; kill -KILL $w; kill -KILL $k; wait $k; "  # the keeper cannot act
         f"ls -d /sys/fs/cgroup/gpulaunch-stale && echo STALE; {again}; echo again=$?; "
         f"{alive_script(work)}"
     )
