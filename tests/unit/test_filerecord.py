@@ -80,11 +80,14 @@ def test_a_group_writable_jobs_dir_is_refused(base: Path) -> None:
         filerecord.write(_view(JobState.RUNNING), "started", base)
 
 
-def test_root_keeps_its_records_under_run_whatever_home_says() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("as root only")  # the unit tests run as root in this project's CI
+def test_root_keeps_its_records_under_run_whatever_home_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     env = {"HOME": "/home/mallory", "XDG_STATE_HOME": "/home/mallory/.local/state"}
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert filerecord.jobs_dir(env) == Path("/run/gpulaunch/jobs")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert filerecord.jobs_dir(env) == Path("/home/mallory/.local/state/gpulaunch/jobs")
 
 
 def test_running_is_believed_only_while_that_very_watcher_runs(base: Path) -> None:
