@@ -114,10 +114,12 @@ def _records(running_only: bool) -> list[JobView]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     manager: Manager = args.manager
+    where = bus_title(manager)
     try:
         views = _with_client(manager, lambda c: c.running())
     except NoSystemdError:  # no bus: the direct supervisor's record files still tell
         views = _records(running_only=not args.all)[: args.limit if args.all else None]
+        where = f"record files in {filerecord.jobs_dir()} (no bus answers here)"
     else:
         listed = {v.job for v in views}
         for v in _records(running_only=not args.all):  # a direct job without the bus
@@ -130,7 +132,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps([v.to_json() for v in views], indent=2))
         return 0
     if not views:
-        print(f"gpulaunch: no jobs on {bus_title(manager)}", file=sys.stderr)
+        print(f"gpulaunch: no jobs on {where}", file=sys.stderr)
         return 0
     rows = [("JOB", "STATE", "RANKS", "STATUS", "SLICE", "ENDED")]
     for v in views:
