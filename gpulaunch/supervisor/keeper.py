@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable, Mapping
@@ -267,7 +268,10 @@ def _say(line: str) -> None:  # pragma: no cover - keeper
 
 
 def _die_by(sig: int) -> NoReturn:  # pragma: no cover - keeper
-    """End with the watcher's signal (128+N where a pid namespace's init cannot)."""
+    """End with the watcher's signal (128+N where a pid namespace's init cannot); never
+    with a core file of our own (the watcher's SIGSEGV is not ours)."""
+    with contextlib.suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler
         signal.signal(sig, signal.SIG_DFL)
     with contextlib.suppress(OSError, ValueError):
