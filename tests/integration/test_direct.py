@@ -126,10 +126,12 @@ def test_sigterm_stops_every_rank(mode: str, ct: Container, work: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
 def test_watcher_sigkill_kills_the_ranks(mode: str, ct: Container, work: Path) -> None:
-    """PR_SET_PDEATHSIG: the kernel kills every rank (what they daemonised may stay)."""
+    """SIGKILL of the pid the shell knows (the keeper): the watcher gets SIGTERM
+    (PR_SET_PDEATHSIG) and stops every rank and what it started."""
     _, ro = MODES[mode]
     cmd = start(work, ro, "kill", "--sleep", "300", "--grandchild")
-    gone = f"[ ! -e /proc/$(cat {work}/rank0.pid) ] && [ ! -e /proc/$(cat {work}/rank1.pid) ]"
+    names = ("rank0", "rank1", "rank0-child", "rank1-child")
+    gone = " && ".join(f"[ ! -e /proc/$(cat {work}/{n}.pid) ]" for n in names)
     res = ct.run(
         f"{cmd} & w=$!; {ready(work)}; kill -KILL $w; wait $w; "
         f"i=0; until {gone} || [ $i -gt 600 ]; do sleep 0.05; i=$((i+1)); done; "
