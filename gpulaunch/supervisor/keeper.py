@@ -159,20 +159,22 @@ def _keep(  # pragma: no cover - the keeper
     for line in _read_all(messages).splitlines():
         with contextlib.suppress(ValueError, TypeError, KeyError):
             left.take(json.loads(line))
-    killed = end_descendants()
-    removed = _remove_cgroup(left)
-    with contextlib.suppress(Exception):  # nothing may keep us from exiting as the watcher did
+    killed, removed = 0, ""
+    try:  # nothing may keep us from exiting as the watcher did
+        killed = end_descendants()
+        removed = _remove_cgroup(left)
         at_end()
+    except Exception as exc:  # said; then the watcher's status all the same
+        _say(f"gpulaunch: the keeper could not clean up after the watcher: {exc}")
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         parts = [f"{killed} process(es) of its ranks"] if killed else []
         if removed:
             parts.append(removed)
         if parts:
-            what = " and ".join(parts)
             _say(
-                f"gpulaunch: the watcher (pid {watcher}) was killed by "
-                f"{signal.Signals(sig).name}; its keeper ended {what}"
+                f"gpulaunch: the watcher (pid {watcher}) was killed by {_name(sig)}; "
+                f"its keeper ended {' and '.join(parts)}"
             )
         _die_by(sig)
     os._exit(os.waitstatus_to_exitcode(status))
@@ -260,6 +262,13 @@ def _read_all(fd: int) -> str:  # pragma: no cover - keeper
             data += chunk
     os.close(fd)
     return data.decode(errors="replace")
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 def _say(line: str) -> None:  # pragma: no cover - keeper
