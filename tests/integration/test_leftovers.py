@@ -1,6 +1,7 @@
-"""What a SIGKILLed watcher leaves under systemd that systemd does not remove (issue 22
-item 13): its error-file directory (/run/gpulaunch/<job>.<random>/). The anchor ends the
-job's units; the next start removes the directories of watchers that are gone."""
+"""What a killed watcher leaves, and what the job tools say afterwards (issue 22 items 3,
+5, 9, 13), in the box: under systemd the anchor ends the job's units but not its
+error-file directory (/run/gpulaunch/<job>.<random>/), which the next start removes; an
+ordinary user's direct job (no user manager) and its keeper; `signal` of an ended job."""
 
 from __future__ import annotations
 
@@ -75,3 +76,16 @@ def test_an_ordinary_users_direct_job_leaves_nothing_when_its_watcher_is_killed(
     assert {"rank0-worker", "rank0-child", "rank0-daemon"} <= {
         p.stem for p in job.dir.glob("*.pid")
     }
+
+
+def test_signal_of_an_ended_job_says_it_ended(job: Job) -> None:
+    """Issue 22 item 9 under systemd: the journal's record says how it ended (exit 3),
+    not "the journal has no record of it"."""
+    res = job.run("--nproc", "1", script_args=["--sleep", "0"])
+    assert res.returncode == 0, res.stderr
+    sig = job.box.run(
+        [GPULAUNCH, "signal", job.id, "USR1"], cwd=str(REPO), capture_output=True, text=True
+    )
+    assert sig.returncode == 3, sig.stderr
+    assert f"job {job.id!r} is not running: it ended" in sig.stderr, sig.stderr
+    assert "no record" not in sig.stderr
