@@ -117,8 +117,9 @@ def start(
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher
     # The direct supervisor's keeper (supervisor/keeper.py): forked before anything of the
-    # job exists, where the direct supervisor is sure; else once it is chosen (below).
-    keeper = None if systemd_wanted(opts.supervisor, os.environ) else _fork_keeper(spec)
+    # job exists (a multi-node job's peer too) where the direct supervisor is sure or no
+    # systemd booted this machine; else once it is chosen (below).
+    keeper = _fork_keeper(spec) if _direct_likely(opts.supervisor) else None
     # detached: nobody watches the terminal; the journal and --log-dir still get everything
     output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
     journal_problem = journal_reachable()
@@ -193,6 +194,14 @@ def start(
         report = replace(report, log_drops=journal_drops(spec, output, missed))
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
+
+
+def _direct_likely(kind: SupervisorKind) -> bool:
+    """The direct supervisor is asked for, or sure (a Slurm step), or `auto` where systemd
+    did not boot this machine (sd_booted(3): no /run/systemd/system, as in a container)."""
+    if not systemd_wanted(kind, os.environ):
+        return True
+    return kind is SupervisorKind.AUTO and not os.path.isdir("/run/systemd/system")
 
 
 def _fork_keeper(spec: JobSpec) -> KeeperLink:

@@ -29,7 +29,8 @@ if the watcher is SIGKILLed, the kernel kills the ranks. What they started
 (workers, children, setsid daemons) and the job's cgroup are ended by the
 keeper (gpulaunch/supervisor/keeper.py), the watcher's parent, which outlives
 it: `keeper` is set before the job is created (None only where none could be
-forked: a multi-node job that fell back from systemd after its peer started).
+forked: a multi-node job on a machine systemd booted, fallen back from systemd
+after its peer started).
 A job cgroup left by a dead watcher (its `watcher` cgroup empty) does not
 block the job id: the next start removes it.
 """
