@@ -8,15 +8,17 @@ Exit codes:
   0..255  `start`, `wait`: the job's status (0, the cause rank's exit code, 128+N
           for signal N; 130/143/129 when the watcher was interrupted)
   2       bad command line or input (unknown option, missing script, ...)
-  3       unknown job
+  3       unknown job (with or without a bus); `signal` of a job that ended
   68      a multi-node job could not join its other nodes (the rendezvous failed)
-  69      something this machine must provide is missing (a systemd manager, journalctl, ...)
+  69      something this machine must provide is missing (a systemd manager, journalctl, ...);
+          `stacks`: not one rank's stacks could be read
   70      internal error (a bug: rerun with --debug and report it)
   71      systemd, or a job's watcher on the bus, refused or failed an operation
   73      a job with this id is already running
   75      multi-node: the job stopped because another node was lost (its watcher died,
           it stopped answering, or the store it served went away)
-  76      the job's watcher went away without saying how the job ended (`wait`, `stop`)
+  76      the job's watcher went away without saying how the job ended (`wait`, `stop`;
+          `status`, `signal` of a record file whose watcher is gone)
   77      permission denied by systemd or the bus
   78      bad unit template or setting
   124     `start --hang-timeout`: the job hung (no rank printed or used CPU for that long)

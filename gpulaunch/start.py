@@ -15,24 +15,30 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpulaunch.debug.options import HangOptions
-from gpulaunch.errors import NoSystemdError, UsageError
+from gpulaunch.errors import GpulaunchError, NoSystemdError, UsageError
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.model import JobReport, JobSpec, Manager, SupervisorKind
 from gpulaunch.multinode.protocol import Layout
+from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import count, format_report
-from gpulaunch.supervisor.choose import systemd_wanted
+from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.detach import Detached
 from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
 from gpulaunch.watcher.observers import Observer
+
+if TYPE_CHECKING:
+    from gpulaunch.supervisor.keeper import KeeperLink
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
@@ -184,6 +190,10 @@ def start(
         detached = Detached.fork() if detach else None
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher
+    # The direct supervisor's keeper (supervisor/keeper.py): forked before anything of the
+    # job exists (a multi-node job's peer too) where the direct supervisor is sure or no
+    # systemd booted this machine; else once it is chosen (below).
+    keeper = _fork_keeper(spec) if _direct_likely(opts.supervisor) else None
     # detached: nobody watches the terminal; the journal and --log-dir still get everything
     output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
     journal_problem = journal_reachable()
@@ -215,6 +225,10 @@ def start(
         if no_bus and not direct:
             warn(no_bus)
         unpublished = direct or bool(no_bus)  # no bus to publish the job on: a record file
+        if direct:
+            if keeper is None and peer is None:  # the peer must stay the watcher's child
+                keeper = _fork_keeper(spec)
+            chosen = _kept(chosen, keeper)
 
         def announce() -> None:
             output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
@@ -285,6 +299,42 @@ def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:
             systemd.stop_unit(service_name(spec.names))
 
     return (FrontEndTether(front_end, stop_service),)
+
+
+def _direct_likely(kind: SupervisorKind) -> bool:
+    """The direct supervisor is asked for, or sure (a Slurm step), or `auto` where systemd
+    did not boot this machine (sd_booted(3): no /run/systemd/system, as in a container)."""
+    if not systemd_wanted(kind, os.environ):
+        return True
+    return kind is SupervisorKind.AUTO and not os.path.isdir("/run/systemd/system")
+
+
+def _fork_keeper(spec: JobSpec) -> KeeperLink:
+    """Become the keeper (never returns) in the parent; the watcher goes on in the child."""
+    from gpulaunch.supervisor.keeper import fork_keeper
+    from gpulaunch.watcher.errorfile import prune_dead, runtime_base
+
+    try:
+        error_dirs: Path | None = runtime_base(spec.manager) / "gpulaunch"
+    except GpulaunchError:
+        error_dirs = None  # the watcher says why, once
+
+    def at_end() -> None:  # the watcher's error-file directory, now that it is gone
+        if error_dirs is not None:
+            prune_dead(error_dirs)
+
+    return fork_keeper(resource_manager_step(os.environ) is not None, at_end)
+
+
+def _kept(chosen: Chosen, keeper: KeeperLink | None) -> Chosen:
+    """The direct supervisor told of its keeper; the start line says what it guarantees."""
+    from gpulaunch.supervisor.direct import CgroupSupervisor, ProcessGroupSupervisor
+
+    supervisor = chosen.supervisor
+    assert isinstance(supervisor, CgroupSupervisor | ProcessGroupSupervisor)
+    before = supervisor.guarantees()
+    supervisor.keeper = keeper
+    return replace(chosen, line=supervisor.guarantees() + chosen.line.removeprefix(before))
 
 
 def _warn_about(spec: JobSpec, output: Output) -> None:

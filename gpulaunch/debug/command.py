@@ -10,9 +10,10 @@ import argparse
 import asyncio
 
 from gpulaunch.debug.stacks import check_denied, dump_ranks, find_pyspy, format_stacks
-from gpulaunch.errors import UnknownJobError, UsageError
+from gpulaunch.errors import UnavailableError, UnknownJobError, UsageError
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager
+from gpulaunch.report import count
 
 
 def cmd_stacks(args: argparse.Namespace) -> int:
@@ -46,4 +47,9 @@ def cmd_stacks(args: argparse.Namespace) -> int:
     )
     check_denied(stacks)
     print("\n\n".join(format_stacks(s) for s in stacks))
+    if all(s.error for s in stacks):  # not one rank could be read: say so in the status
+        raise UnavailableError(
+            f"no stacks of job {args.job!r} could be read ({count(len(stacks), 'rank')} tried)",
+            "each rank's line above says why; a rank that just exited has none",
+        )
     return 0

@@ -24,6 +24,7 @@ from gpulaunch.errors import (
     JobLostError,
     NoSystemdError,
     UnavailableError,
+    UnknownJobError,
     UsageError,
 )
 from gpulaunch.jobapi import filerecord, record, whose
@@ -75,19 +76,61 @@ def _record(job: str, manager: Manager) -> JobView | None:
     return found
 
 
-def _lost(job: str) -> JobLostError:
+def _lost(job: str, found: filerecord.FileRecord | None = None) -> JobLostError:
+    if found is not None and found.watcher is not None and not found.watcher.here():
+        return JobLostError(
+            f"the record of job {job!r} names watcher pid {found.watcher.pid} of another boot "
+            "or pid namespace: it cannot be asked here, and it did not say how the job ended",
+            f"ask on node {found.node or 'that wrote it'}, or see its --log-dir, if any",
+        )
     return JobLostError(
         f"the watcher of job {job!r} went away without saying how the job ended (was it killed?)",
-        "its ranks were killed with it (PR_SET_PDEATHSIG); see its --log-dir, if any",
+        "its keeper ended every process of its ranks; see its --log-dir, if any",
     )
+
+
+def _unknown(job: str, manager: Manager, unreachable: NoSystemdError | None) -> UnknownJobError:
+    """No such job: on the bus and in the journal, or, without a bus, in the record files."""
+    if unreachable is None:
+        return record.unknown_job(job, manager)
+    return UnknownJobError(
+        f"no job {job!r}: no bus answers here ({unreachable.message}) and no record file "
+        f"in {filerecord.jobs_dir()} names it",
+        "see 'gpulaunch list --all'; a job of the direct supervisor keeps its record there",
+    )
+
+
+def _ended(job: str, view: JobView) -> UnknownJobError:
+    when = f" at {_when(view.ended_at)}" if view.ended_at else ""
+    return UnknownJobError(
+        f"job {job!r} is not running: it ended{when}, {view.state.value} (status {view.status})",
+        f"'gpulaunch status {job}' shows how",
+    )
+
+
+def _records(running_only: bool) -> list[JobView]:
+    """The direct supervisor's record files, as believed (a dead watcher's job is not running)."""
+    if running_only:  # what runs here: another node's records cannot be checked from here
+        return [v for v in filerecord.recent(this_node=True) if not v.state.ended]
+    return filerecord.recent()
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     manager: Manager = args.manager
-    views = _with_client(manager, lambda c: c.running())
-    if args.all:
-        running = {v.job for v in views}
-        views += [v for v in record.recent(manager, args.limit) if v.job not in running]
+    where = bus_title(manager)
+    try:
+        views = _with_client(manager, lambda c: c.running())
+    except NoSystemdError:  # no bus: the direct supervisor's record files still tell
+        views = _records(running_only=not args.all)[: args.limit if args.all else None]
+        where = f"record files in {filerecord.jobs_dir()} (no bus answers here)"
+    else:
+        listed = {v.job for v in views}
+        for v in _records(running_only=not args.all):  # a direct job without the bus
+            if v.job not in listed:
+                views.append(v)
+                listed.add(v.job)
+        if args.all:
+            views += [v for v in record.recent(manager, args.limit) if v.job not in listed]
     if args.json:
         print(json.dumps([v.to_json() for v in views], indent=2))
         return 0
@@ -97,7 +140,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 f"gpulaunch: {name} runs jobs too: gpulaunch list --user-of {name}", file=sys.stderr
             )
     if not views:
-        print(f"gpulaunch: no jobs on {bus_title(manager)}", file=sys.stderr)
+        print(f"gpulaunch: no jobs on {where}", file=sys.stderr)
         return 0
     rows = [("JOB", "STATE", "RANKS", "STATUS", "SLICE", "ENDED")]
     for v in views:
@@ -122,9 +165,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         view = _with_client(manager, lambda c: c.find(args.job))
     except NoSystemdError as exc:  # the record may still tell
         view, unreachable = None, exc
-    view = view or _record(args.job, manager)
     if view is None:
-        raise unreachable or record.unknown_job(args.job, manager)
+        try:
+            view = record.find(args.job, manager)
+        except UnavailableError:  # no journalctl here
+            view = None
+    if view is None:
+        found = filerecord.find_record(args.job)
+        if found is None:
+            raise _unknown(args.job, manager, unreachable)
+        if not found.view.state.ended and not found.watcher_alive():
+            raise _lost(args.job, found)
+        view = found.view
     sample = None
     if getattr(args, "resources", False) and not view.state.ended:
         sample = _resources(view)
@@ -181,16 +233,16 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def _stop_by_record(job: str, manager: Manager, block: bool) -> int:
     """`stop` without a bus: SIGTERM to the watcher its record file names (its graceful stop,
-    as `Stop()` on the bus), then, blocking, the record's final report."""
+    as `Stop()` on the bus), through a checked pidfd of that very watcher, then, blocking,
+    the record's final report."""
     import signal
 
-    found = filerecord.find(job)
-    if found is None or found.state.ended:
+    found = filerecord.find_record(job)
+    if found is None or found.view.state.ended:
         raise record.unknown_job(job, manager)
     try:
-        os.kill(found.watcher_pid, signal.SIGTERM)
-    except ProcessLookupError:
-        raise _lost(job) from None
+        if not filerecord.send_signal(found, signal.SIGTERM):
+            raise _lost(job, found)
     except PermissionError:
         raise AccessDeniedError(
             f"not allowed to stop job {job!r}", "only the user who started a job, or root"
@@ -206,22 +258,24 @@ def _stop_by_record(job: str, manager: Manager, block: bool) -> int:
 def cmd_wait(args: argparse.Namespace) -> int:
     manager: Manager = args.manager
     outcome: WaitResult | None = None
+    unreachable: NoSystemdError | None = None
     try:
         try:
             outcome = _with_client(manager, lambda c: c.wait(args.job))
-        except NoSystemdError:
-            pass
+        except NoSystemdError as exc:
+            unreachable = exc
         if whose.other() is None and (
             outcome is None or (outcome.final is None and not outcome.running)
         ):  # not on a bus: a direct job's record file may know it
-            found = filerecord.wait(args.job)
-            if found is not None and not found.state.ended:
-                raise _lost(args.job)
+            filerecord.wait(args.job)
+            found = filerecord.find_record(args.job)
+            if found is not None and not found.view.state.ended:
+                raise _lost(args.job, found)
             if found is not None:
-                print(format_report(found.report()), file=sys.stderr)
-                return found.status
+                print(format_report(found.view.report()), file=sys.stderr)
+                return found.view.status
         if outcome is None:
-            raise record.unknown_job(args.job, manager)
+            raise _unknown(args.job, manager, unreachable)
         view = final_view(args.job, manager, outcome)
     except KeyboardInterrupt:
         return 130
@@ -273,31 +327,36 @@ def cmd_signal(args: argparse.Namespace) -> int:
     manager: Manager = args.manager
     signum = int(args.signal)
     rank = -1 if args.rank is None else args.rank
+    unreachable: NoSystemdError | None = None
     try:
         sent = _with_client(manager, lambda c: c.signal(args.job, signum, rank))
-    except NoSystemdError:
-        sent = None
+    except NoSystemdError as exc:
+        sent, unreachable = None, exc
     if sent is None and whose.other() is not None:
         raise record.unknown_job(args.job, manager)
     if sent is None:  # not on a bus: a direct job's watcher passes a notice on to every rank
-        found = filerecord.find(args.job)
-        if found is None or found.state.ended:
-            raise record.unknown_job(args.job, manager)
+        found = filerecord.find_record(args.job)
+        if found is None:
+            ended = _record(args.job, manager) if unreachable is None else None
+            if ended is not None and ended.state.ended:
+                raise _ended(args.job, ended)
+            raise _unknown(args.job, manager, unreachable)
+        if found.view.state.ended:
+            raise _ended(args.job, found.view)
         if rank >= 0:
             raise UsageError(
                 f"job {args.job!r} has no job API (no bus): --rank needs it",
                 "signal every rank (leave out --rank)",
             )
-        try:
-            os.kill(found.watcher_pid, signum)
-        except ProcessLookupError:
-            raise _lost(args.job) from None
+        try:  # through a pidfd of that very watcher: never a pid on the file's word alone
+            if not filerecord.send_signal(found, signum):
+                raise _lost(args.job, found)
         except PermissionError:
             raise AccessDeniedError(
                 f"not allowed to signal job {args.job!r}",
                 "only the user who started a job, or root, may signal it",
             ) from None
-        sent = found.world_size
+        sent = found.view.world_size
     name = signals.Signals(signum).name
     print(f"gpulaunch: job {args.job}: {name} sent to {sent} rank(s)", file=sys.stderr)
     return 0

@@ -10,9 +10,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import signal
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpulaunch.linux import inotify_events, inotify_init, inotify_watch
 
 CGROUP2_MAGIC = 0x63677270  # statfs(2)'s f_type of cgroup2
 MOUNT = Path("/sys/fs/cgroup")
@@ -155,3 +160,20 @@ def writable_cgroup() -> tuple[Cgroup | None, str]:
         if not os.access(own.path / name, os.W_OK):
             return None, f"{own.path} is not writable by uid {os.geteuid()}"
     return own, ""
+
+
+def remove_when_empty(cgroups: Sequence[Cgroup], timeout: float) -> None:
+    """rmdir each, waiting (inotify, bounded) for killed processes to leave first."""
+    fd = inotify_init()
+    try:
+        for cgroup in cgroups:
+            with contextlib.suppress(OSError):
+                inotify_watch(fd, str(cgroup.path / "cgroup.events"))
+        deadline = time.monotonic() + timeout
+        while not all(c.remove() for c in cgroups):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return
+            inotify_events(fd)
+    finally:
+        os.close(fd)

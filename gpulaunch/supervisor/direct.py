@@ -25,9 +25,14 @@ them there). Two ways, the strongest the place allows:
   (gpulaunch/supervisor/pgroups.py). No limits can be enforced.
 
 Either way every process the watcher forks gets PR_SET_PDEATHSIG (SIGKILL):
-if the watcher is SIGKILLed, the kernel kills the ranks; what they
-daemonised is stopped only while the watcher lives (or, as a container's
-PID 1, with the watcher by the kernel ending the pid namespace).
+if the watcher is SIGKILLed, the kernel kills the ranks. What they started
+(workers, children, setsid daemons) and the job's cgroup are ended by the
+keeper (gpulaunch/supervisor/keeper.py), the watcher's parent, which outlives
+it: `keeper` is set before the job is created (None only where none could be
+forked: a multi-node job on a machine systemd booted, fallen back from systemd
+after its peer started).
+A job cgroup left by a dead watcher (its `watcher` cgroup empty) does not
+block the job id: the next start removes it.
 """
 
 from __future__ import annotations
@@ -35,9 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import signal
-import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
@@ -51,11 +54,16 @@ from gpulaunch.linux import (
 )
 from gpulaunch.model import JobSpec
 from gpulaunch.supervisor import SupervisorEvents, Watch
-from gpulaunch.supervisor.cgroups import Cgroup
+from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
+from gpulaunch.supervisor.keeper import KeeperLink, remove_tree
 from gpulaunch.supervisor.pgroups import Proc, descendants, reap_adopted, signal_all
 
 CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed ranks to leave their cgroups at the end
 PDEATHSIG_LINE = "watcher SIGKILLed → ranks killed by the kernel (PDEATHSIG)"
+KEEPER_LINE = (
+    "watcher SIGKILLed → its keeper (pid {pid}) kills every process of the ranks"
+    " and removes what the job made"
+)
 
 
 class _Direct:
@@ -71,6 +79,13 @@ class _Direct:
         self._events: SupervisorEvents | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._stopping = False
+        self.keeper: KeeperLink | None = None  # set by start.py before create
+
+    def _death_line(self) -> str:
+        """What happens when the watcher is SIGKILLed (for the start line)."""
+        if self.keeper is not None:
+            return KEEPER_LINE.format(pid=self.keeper.pid)
+        return f"{PDEATHSIG_LINE}; daemonised grandchildren stopped only while the watcher lives"
 
     def __enter__(self) -> Self:
         return self
@@ -132,8 +147,7 @@ class CgroupSupervisor(_Direct):
     def guarantees(self) -> str:
         return (
             f"direct supervisor (cgroup {self.job.path}): each rank in a cgroup of its own, "
-            f"stopped with cgroup.kill; {PDEATHSIG_LINE}; daemonised grandchildren stopped only "
-            "while the watcher lives"
+            f"stopped with cgroup.kill; {self._death_line()}"
         )
 
     def attach(
@@ -145,7 +159,7 @@ class CgroupSupervisor(_Direct):
 
     async def create(self, watcher_pids: Sequence[int]) -> None:
         try:
-            self.job.make()
+            self._make_job()
         except FileExistsError:
             raise JobExistsError(
                 f"a job named {self.spec.job!r} is already running ({self.job.path})",
@@ -154,15 +168,31 @@ class CgroupSupervisor(_Direct):
         except OSError as exc:
             raise SupervisorError(f"cannot make the job's cgroup {self.job.path}: {exc}") from exc
         self._created = True
+        if self.keeper is not None:
+            self.keeper.tell(cgroup=str(self.job.path), own=str(self.own.path))
         try:
             self.watcher.make()
-            for pid in watcher_pids:
+            for pid in (*watcher_pids, *((self.keeper.pid,) if self.keeper else ())):
                 self.watcher.add(pid)
             self._enable_limits()
         except OSError as exc:
             self.close()
             raise SupervisorError(f"cannot set up the job's cgroup {self.job.path}: {exc}") from exc
         await self.renew_gang()
+
+    def _make_job(self) -> None:
+        """mkdir the job's cgroup; one a dead watcher left (its watcher cgroup empty: neither
+        watcher nor keeper in it) is removed first. FileExistsError: the job runs."""
+        try:
+            self.job.make()
+            return
+        except FileExistsError:
+            if self.watcher.populated():
+                raise
+        self.warn(f"removing {self.job.path}, left by a job whose watcher is gone")
+        if not remove_tree(self.job):
+            raise FileExistsError(self.job.path)
+        self.job.make()
 
     def _enable_limits(self) -> None:
         """memory and cpuset for the rank cgroups, when asked for and the kernel allows."""
@@ -181,6 +211,8 @@ class CgroupSupervisor(_Direct):
                     if controller not in cgroup.enabled():
                         cgroup.enable(controller)
                         self._enabled.insert(0, (cgroup, controller))
+                        if self.keeper is not None:
+                            self.keeper.tell(enabled=[str(cgroup.path), controller])
                 self._limits.add(controller)
             except OSError as exc:
                 self.warn(
@@ -267,26 +299,11 @@ class CgroupSupervisor(_Direct):
         for pid in self.watcher.pids():  # back where we came from, so that ours can go
             with contextlib.suppress(OSError):
                 self.own.add(pid)
-        _remove_when_empty([*self.ranks, self.watcher], CLEANUP_TIMEOUT)
+        remove_when_empty([*self.ranks, self.watcher], CLEANUP_TIMEOUT)
         if not self.job.remove():
             self.warn(f"could not remove the job's cgroup {self.job.path}: it is not empty")
-
-
-def _remove_when_empty(cgroups: Sequence[Cgroup], timeout: float) -> None:
-    """rmdir each, waiting (inotify, bounded) for killed processes to leave first."""
-    fd = inotify_init()
-    try:
-        for cgroup in cgroups:
-            with contextlib.suppress(OSError):
-                inotify_watch(fd, str(cgroup.path / "cgroup.events"))
-        deadline = time.monotonic() + timeout
-        while not all(c.remove() for c in cgroups):
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return
-            inotify_events(fd)
-    finally:
-        os.close(fd)
+        elif self.keeper is not None:
+            self.keeper.tell(released=True)
 
 
 class ProcessGroupSupervisor(_Direct):
@@ -307,8 +324,8 @@ class ProcessGroupSupervisor(_Direct):
 
     def guarantees(self) -> str:
         return (
-            f"direct supervisor (process groups; no cgroup: {self.why}): {PDEATHSIG_LINE}; "
-            "daemonised grandchildren stopped only while the watcher lives; no limits enforced"
+            f"direct supervisor (process groups; no cgroup: {self.why}): "
+            f"{self._death_line()}; no limits enforced"
         )
 
     def attach(

@@ -4,6 +4,12 @@ torch.distributed.elastic.multiprocessing.errors.record writes the exception of
 a failing entry point as JSON to $TORCHELASTIC_ERROR_FILE. The watcher gives
 each rank of each attempt its own file under a private run directory, reads
 the cause rank's file for the report, and removes the directory at the end.
+
+A watcher killed before its end cannot remove it: each directory holds a
+`watcher` file naming its watcher (pid, start time, boot, pid namespace:
+gpulaunch/jobapi/procid.py), and every start removes the directories whose watcher is
+gone (`prune_dead`; the direct supervisor's keeper does so at once). Only our
+own directories are touched, never through a link.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from gpulaunch.errors import UnavailableError
+from gpulaunch.jobapi.procid import Identity
 from gpulaunch.logs.excerpt import text_excerpt
 from gpulaunch.model import Manager
 
@@ -89,12 +96,51 @@ def runtime_dir_problem(parent: Path) -> str | None:
     return None
 
 
+MARKER = "watcher"  # in each job's directory: whose it is
+
+
+def prune_dead(parent: Path) -> int:
+    """Remove our job directories in `parent` whose watcher is gone; how many.
+
+    Only directories we own (lstat: no link followed), whose marker names a
+    watcher of this boot and pid namespace that no longer runs; one without a
+    marker (being made, or of another version) is left alone.
+    """
+    removed = 0
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return 0
+    for name in names:
+        path = parent / name
+        try:
+            st = path.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            fd = os.open(path / MARKER, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                owner = Identity.from_json(json.load(f))
+        except (OSError, ValueError):
+            continue
+        if owner is None or not owner.here() or owner.alive():
+            continue
+        shutil.rmtree(path, ignore_errors=True)  # fd-based: no link below is followed
+        removed += 1
+    return removed
+
+
 class ErrorFiles:
     """A private directory with one error-file path per attempt and rank."""
 
     def __init__(self, base: Path, component: str) -> None:
         parent = runtime_dir(base)
+        prune_dead(parent)
         self.root = Path(tempfile.mkdtemp(prefix=f"{component[:100]}.", dir=parent))
+        me = Identity.of(os.getpid())
+        if me is not None:
+            fd = os.open(self.root / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(me.to_json(), out)
 
     def __enter__(self) -> ErrorFiles:
         return self

@@ -37,6 +37,20 @@ def test_stacks_name_each_ranks_function_and_line(job: Job) -> None:
         finish(job, proc)
 
 
+def test_stacks_fail_when_no_rank_could_be_read(job: Job) -> None:
+    """Issue 22 item 9: ranks py-spy cannot read (not Python): each says why, exit 69."""
+    proc = job.popen("--nproc", "2", "--no-python", script=str(SCRIPTS / "plain_sleep.sh"))
+    try:
+        for rank in (0, 1):
+            job.wait_file(f"rank{rank}.ready")
+        res = gl(job, "stacks", job.id, timeout=120)
+        assert res.returncode == 69, (res.stdout, res.stderr)
+        assert "no stacks of job" in res.stderr and "2 ranks tried" in res.stderr, res.stderr
+        assert res.stdout.count(": no stacks: ") == 2, res.stdout
+    finally:
+        finish(job, proc)
+
+
 SLOW_TEARDOWN = str(SCRIPTS / "slow_teardown.py")
 
 

@@ -12,6 +12,7 @@ shell that started it (pids are the container's).
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.jobapi import filerecord
+from gpulaunch.jobapi.view import JobState, JobView, RankView
 from sdbox.procs import first_child
 from tests.integration.container import Container, alive_script, container
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, SHARED, wait_until
@@ -123,16 +126,104 @@ def test_sigterm_stops_every_rank(mode: str, ct: Container, work: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
 def test_watcher_sigkill_kills_the_ranks(mode: str, ct: Container, work: Path) -> None:
-    """PR_SET_PDEATHSIG: the kernel kills every rank (what they daemonised may stay)."""
+    """SIGKILL of the pid the shell knows (the keeper): the watcher gets SIGTERM
+    (PR_SET_PDEATHSIG) and stops every rank and what it started."""
     _, ro = MODES[mode]
     cmd = start(work, ro, "kill", "--sleep", "300", "--grandchild")
-    gone = f"[ ! -e /proc/$(cat {work}/rank0.pid) ] && [ ! -e /proc/$(cat {work}/rank1.pid) ]"
+    names = ("rank0", "rank1", "rank0-child", "rank1-child")
+    gone = " && ".join(f"[ ! -e /proc/$(cat {work}/{n}.pid) ]" for n in names)
     res = ct.run(
         f"{cmd} & w=$!; {ready(work)}; kill -KILL $w; wait $w; "
         f"i=0; until {gone} || [ $i -gt 600 ]; do sleep 0.05; i=$((i+1)); done; "
         f"{gone} && echo RANKS-GONE"
     )
     assert "RANKS-GONE" in res.stdout, res.stdout
+
+
+# Every process a job of rank.py can leave: its ranks and what they start.
+LEFT = (
+    "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' <$d/cmdline 2>/dev/null); "
+    'case "$c" in "sh "*) ;; *rank.py*|*"sleep 300"*|*gpulaunch*) echo "LEFT ${d#/proc/} $c";; '
+    "esac; done"
+)  # (not the test's own shell, whose script names them all)
+
+
+def kill_watcher_after(delay: float) -> str:
+    """sh, after `cmd & k=$!`: SIGKILL the watcher (the keeper's one child) `delay` s in."""
+    return (
+        f'sleep {delay:.3f}; w=; until [ -n "$w" ]; do '
+        "w=$(cut -d' ' -f1 /proc/$k/task/$k/children 2>/dev/null); [ -n \"$w\" ] || sleep 0.01; "
+        "done; "
+        'kill -KILL "$w"; wait $k; echo "rc=$? watcher=$w"'
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
+def test_watcher_sigkill_at_any_instant_leaves_nothing(
+    mode: str, seed: int, ct: Container, work: Path
+) -> None:
+    """Issue 22 item 3: a watcher SIGKILLed at a seeded instant (starting, placing, running)
+    leaves no process of its ranks (a multiprocessing worker, a subprocess child, a setsid
+    daemon), no cgroup, no error-file directory; its keeper exits 137; the id runs again."""
+    _, ro = MODES[mode]
+    delay = random.Random(seed).uniform(0.0, 3.0)
+    first = start(work, ro, "leak", "--sleep", "300", "--worker", "--grandchild", "--daemon")
+    again = start(work, ro, "leak", "--sleep", "0")
+    res = ct.run(
+        f"{first} & k=$!; {kill_watcher_after(delay)}; "
+        f"if ls {work}/*.pid >/dev/null 2>&1; then {alive_script(work)}; fi; {LEFT}; "
+        f"ls /run/gpulaunch 2>/dev/null | grep -vx jobs | sed 's/^/ERRDIR /'; "
+        f"{again}; echo again=$?"
+    )
+    print(f"seed {seed}: SIGKILL {delay:.3f} s after the start\n{res.stdout}")
+    assert "rc=137 " in res.stdout, res.stdout
+    assert "ALIVE" not in res.stdout and "LEFT" not in res.stdout, res.stdout
+    assert "ERRDIR" not in res.stdout, res.stdout
+    assert "again=0" in res.stdout, res.stdout
+    assert ct.leftovers() == []
+
+
+def test_cgroup_of_a_dead_watcher_and_keeper_does_not_block_the_id(
+    ct: Container, work: Path
+) -> None:
+    """Watcher and keeper SIGKILLed together (the keeper stopped first): what the ranks started
+    stays in the job's cgroup, but its watcher cgroup is empty: the next start of the same
+    id removes it (killing what is left) and runs, instead of 73 "already running"."""
+    first = start(work, False, "stale", "--sleep", "300", "--grandchild", "--daemon")
+    again = start(work, False, "stale", "--sleep", "0")
+    res = ct.run(
+        f"{first} & k=$!; {ready(work)}; w=$(cut -d' ' -f1 /proc/$k/task/$k/children); "
+        "kill -STOP $k; kill -KILL $w; kill -KILL $k; wait $k; "  # the keeper cannot act
+        f"ls -d /sys/fs/cgroup/gpulaunch-stale && echo STALE; {again}; echo again=$?; "
+        f"{alive_script(work)}"
+    )
+    assert "STALE" in res.stdout, res.stdout  # (the test itself: something was left)
+    assert "again=0" in res.stdout, res.stdout
+    assert "left by a job whose watcher is gone" in res.stdout, res.stdout
+    assert "ALIVE" not in res.stdout, res.stdout
+    assert ct.leftovers() == []
+
+
+@pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
+def test_a_signal_to_the_jobs_process_group_reaches_the_watcher_once(
+    mode: str, ct: Container, work: Path
+) -> None:
+    """^C (or bash's `kill %1`) signals the whole process group; the keeper passes it on
+    and the watcher, a process group of its own, gets it once: a graceful stop (SIGTERM to
+    the ranks, 130), not the "second signal" kill."""
+    _, ro = MODES[mode]
+    cmd = start(work, ro, "group", "--sleep", "300")
+    pgid = "$(cut -d' ' -f5 /proc/$w/stat) $(cut -d' ' -f5 /proc/$k/stat)"
+    res = ct.run(
+        f"setsid {cmd} & k=$!; {ready(work)}; w=$(cut -d' ' -f1 /proc/$k/task/$k/children); "
+        f'echo "pgids {pgid}"; kill -INT -$k; wait $k; echo rc=$?'
+    )
+    watcher, keeper = res.stdout.split("pgids ", 1)[1].split()[:2]
+    assert watcher != keeper, res.stdout  # the group's signals reach the keeper alone
+    assert "rc=130" in res.stdout, res.stdout
+    report = res.stdout.split("stopped by SIGINT", 1)[-1]
+    assert "SIGTERM  stopped" in report and "SIGKILL" not in report, res.stdout
 
 
 def test_watcher_sigkill_as_pid1_ends_the_container(ct: Container, work: Path) -> None:
@@ -192,3 +283,81 @@ def test_sigusr1_reaches_the_ranks_and_the_job_goes_on(
     assert "job notice succeeded" in res.stdout  # the report, and `status` from the record
     for r in (0, 1):
         assert len((work / f"rank{r}.usr1").read_text().split()) == 2
+
+
+def test_job_tools_after_a_sigkilled_watcher_without_a_bus(ct: Container, work: Path) -> None:
+    """Issue 22 items 5 and 9, in a container without systemd or a bus: once the watcher is
+    SIGKILLed its record still says `running`, but status/wait/signal check the watcher
+    itself (76: it went away), `list` no longer counts it as running while `list --all`
+    shows it; an unknown job is 3 for status, wait and signal alike; an ended job's signal
+    says it ended."""
+    cmd = start(work, True, "gone", "--sleep", "300")
+    tool = {name: gpulaunch(work, *args) for name, args in {
+        "status": ("status", "gone"), "wait": ("wait", "gone"),
+        "signal": ("signal", "gone", "USR1"), "list": ("list",), "all": ("list", "--all"),
+        "nosuch-status": ("status", "nosuch"),
+        "nosuch-wait": ("wait", "nosuch"), "nosuch-signal": ("signal", "nosuch", "USR1"),
+    }.items()}  # fmt: skip
+    runs = "; ".join(f"echo '== {n}'; {c} 2>&1; echo \"rc {n}=$?\"" for n, c in tool.items())
+    res = ct.run(
+        f"{cmd} & k=$!; {ready(work)}; w=$(cut -d' ' -f1 /proc/$k/task/$k/children); "
+        f"kill -KILL $w; wait $k; {runs}; {start(work, True, 'done', '--sleep', '0')}; "
+        f'{gpulaunch(work, "signal", "done", "USR1")} 2>&1; echo "rc ended-signal=$?"'
+    )
+    out = res.stdout
+    for name in ("status", "wait", "signal"):
+        assert f"rc {name}=76" in out, out
+    assert "went away without saying how the job ended" in out, out
+    for name in ("nosuch-status", "nosuch-wait", "nosuch-signal"):
+        assert f"rc {name}=3" in out, out
+    assert "rc list=0" in out and "rc all=0" in out, out
+    listed = out.split("== list\n", 1)[1].split("== all\n")
+    assert "gone" not in listed[0].split("rc list=")[0], out  # not running
+    assert "gone" in listed[1].split("rc all=")[0], out
+    assert "rc ended-signal=3" in out and "job 'done' is not running: it ended" in out, out
+
+
+FORGED_PID = 987654321
+
+
+def forged_record(where: Path) -> str:
+    """A running job's record as gpulaunch writes it, naming FORGED_PID as its watcher."""
+    rank = RankView(
+        rank=0, local_rank=0, unit="u", pid=FORGED_PID, state="running", exit_code=-1,
+        signal=0, stopped_by_watcher=False, status=-1, runtime=0.0,
+    )  # fmt: skip
+    view = JobView(
+        job="fakejob", slice="s", manager="system", owner=0, watcher_pid=FORGED_PID,
+        state=JobState.RUNNING, world_size=1, ranks=(rank,),
+    )  # fmt: skip
+    return filerecord.write(view, "job fakejob started", where).read_text()
+
+
+def test_root_ignores_a_hostile_home_for_the_record_file(ct: Container, work: Path) -> None:
+    """Issue 22 item 4: root with HOME/XDG_STATE_HOME of another user (sudo -E): her forged
+    record naming a live root process is not read (nothing signalled), her `jobs` link to a
+    root directory is neither written through nor pruned; root's record is in /run."""
+    hostile = work / "mallory"
+    (hostile / "gpulaunch").mkdir(parents=True)
+    victim_dir = work / "rootdir"
+    victim_dir.mkdir(mode=0o700)
+    for i in range(3):
+        (victim_dir / f"{i}.json").write_text("{}")
+    (hostile / "gpulaunch" / "jobs").symlink_to(victim_dir)
+    forged = forged_record(work / "forge" / "gpulaunch" / "jobs")
+    env = f"env HOME={hostile} XDG_STATE_HOME={hostile}"
+    job = shlex.join([GPULAUNCH, "start", "--nproc", "1", "--job", "mine", "--no-python", "true"])
+    sig = shlex.join([GPULAUNCH, "signal", "fakejob", "USR1"])
+    res = ct.run(
+        f"sleep 300 & v=$!; echo {shlex.quote(forged)} >/tmp/forged; "
+        f"for n in fakejob@$(hostname).json fakejob.json; do "
+        f"sed s/{FORGED_PID}/$v/g /tmp/forged >{victim_dir}/$n; done; "
+        f"{env} {sig} 2>&1; echo rc-signal=$?; "
+        f"{env} {job} 2>&1; echo rc-job=$?; ls /run/gpulaunch/jobs; "
+        f"[ -e /proc/$v ] && echo VICTIM-ALIVE"
+    )
+    out = res.stdout
+    assert "rc-signal=3" in out and "VICTIM-ALIVE" in out, out
+    assert "rc-job=0" in out and "mine@" in out, out
+    assert {p.name for p in victim_dir.iterdir()} >= {"0.json", "1.json", "2.json"}
+    assert not any(p.name.startswith("mine") for p in victim_dir.iterdir())

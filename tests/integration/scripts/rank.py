@@ -29,6 +29,7 @@ def main() -> None:
     p.add_argument("--ignore-term", action="store_true", help="every rank ignores SIGTERM")
     p.add_argument("--grandchild", action="store_true", help="start a plain child: sleep")
     p.add_argument("--daemon", action="store_true", help="start a double-forked setsid daemon")
+    p.add_argument("--worker", action="store_true", help="start a multiprocessing worker")
     p.add_argument("--print", action="store_true", help="print env and cgroup")
     p.add_argument(
         "--on-usr1", action="store_true", help="on SIGUSR1 write rank<N>.usr1 (and its pid)"
@@ -58,6 +59,13 @@ def main() -> None:
     if args.grandchild:
         child = subprocess.Popen(["sleep", "300"])
         record(f"rank{rank}-child", child.pid)
+    if args.worker:  # a dataloader's worker: a multiprocessing child that sleeps
+        import multiprocessing
+
+        worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,))
+        worker.start()
+        assert worker.pid is not None
+        record(f"rank{rank}-worker", worker.pid)
     if args.daemon:
         # The classic double fork + setsid: escapes process-group based cleanup.
         if os.fork() == 0:
