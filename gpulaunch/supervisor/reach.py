@@ -78,3 +78,8 @@ def _mode(path: str) -> int:
         return os.stat(path).st_mode
     except OSError:
         return 0
+
+
+def root_private_socket() -> str | None:
+    """The system manager's own socket, which a restart of the bus daemon leaves alone: root's."""
+    return PRIVATE_SOCKET if os.geteuid() == 0 and os.access(PRIVATE_SOCKET, os.W_OK) else None

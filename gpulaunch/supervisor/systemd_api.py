@@ -28,7 +28,6 @@ Faults of the environment it survives (issue 13):
 from __future__ import annotations
 
 import errno
-import os
 import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -58,7 +57,7 @@ from gpulaunch.errors import (
 )
 from gpulaunch.frontend.userbus import user_private_socket
 from gpulaunch.model import Manager
-from gpulaunch.supervisor.reach import PRIVATE_SOCKET, retry
+from gpulaunch.supervisor.reach import retry, root_private_socket
 from gpulaunch.units.codec import Property
 
 _DEST = b"org.freedesktop.systemd1"
@@ -219,7 +218,9 @@ class Systemd:
         return self
 
     def _open(self) -> None:
-        private = (socket := _own_socket(self.manager)) is not None
+        user = self.manager is Manager.USER  # a user's own socket only where there is no bus
+        socket = user_private_socket() if user else root_private_socket()
+        private = socket is not None
         bus: Any = (
             DBusAddress(f"unix:path={socket}".encode(), peer_to_peer=True)
             if socket is not None
@@ -471,13 +472,6 @@ class Systemd:
         ]
         self._jobs.clear()
         return out
-
-
-def _own_socket(manager: Manager) -> str | None:
-    """The manager's own socket (no bus daemon): root's system one; a user's without a bus."""
-    if manager is Manager.USER:
-        return user_private_socket()
-    return PRIVATE_SOCKET if os.geteuid() == 0 and os.access(PRIVATE_SOCKET, os.W_OK) else None
 
 
 def _properties(props: Sequence[Property]) -> list[Any]:

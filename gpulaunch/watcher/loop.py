@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
-from gpulaunch.logs.pump import IGNORED_SIGNALS, JOURNAL_MISSED, JournalTarget, run_pump
+from gpulaunch.logs.pump import JOURNAL_MISSED, JournalTarget
 from gpulaunch.logs.width import rank_columns
 from gpulaunch.model import (
     Cause,
@@ -40,12 +40,13 @@ from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
 from gpulaunch.watcher.eventloop import EventLoop
+from gpulaunch.watcher.forkrank import fork_rank
 from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.interrupts import NOTICES, pending
 from gpulaunch.watcher.notices import pass_on
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
-from gpulaunch.watcher.procs import fork_held, kill_and_reap, kill_held, reap, spawn_held
+from gpulaunch.watcher.procs import kill_and_reap, reap
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
 from gpulaunch.watcher.settle import Settle
 from gpulaunch.watcher.unmanaged import end_ranks
@@ -275,11 +276,6 @@ class Watcher(EventLoop):
 
     def _fork_rank(self, rank: Rank) -> None:
         """The rank and its log pump, both held at their gates, wired by pipes."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        live_out_r, live_out_w = os.pipe()
-        live_err_r, live_err_w = os.pipe()
-        hold_r = rank.hold_pump()  # the pump's exit waits for the watcher's read of the cgroup
         target = (
             JournalTarget(identifier=f"rank{rank.spec.rank}", unit=rank.spec.unit)
             if self.journal
@@ -292,28 +288,17 @@ class Watcher(EventLoop):
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         out = self.output
         env.update(rank_columns(env, (out.stdout.fd, out.stderr.fd, 0), self.spec.world_size))
-        try:
-            death = self.supervisor.parent_death_signal
-            rank.child = spawn_held(rank.spec.argv, env, {1: out_w, 2: err_w}, death)
+
+        def born(rank: Rank) -> None:
+            assert rank.child is not None
             rank.born_at = self.clock()
             self._advance(rank, RankState.HELD)
             self._watch(rank.child.pidfd, self._exit_handler(rank))
-            rank.pump = fork_held(
-                lambda: run_pump(
-                    {"stdout": 3, "stderr": 4},
-                    {"stdout": 5, "stderr": 6},
-                    target,
-                    rank.spec.rank,
-                    hold=7,
-                ),  # fmt: skip
-                {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w, 7: hold_r},
-                ignore=IGNORED_SIGNALS,
-                death_signal=death,
-            )
-            self._watch(rank.pump.pidfd, self._pump_handler(rank))
-        finally:
-            for fd in (out_r, out_w, err_r, err_w, live_out_w, live_err_w, hold_r):
-                os.close(fd)
+
+        death = self.supervisor.parent_death_signal
+        live_out_r, live_err_r = fork_rank(rank, env, target, death, born)
+        assert rank.pump is not None
+        self._watch(rank.pump.pidfd, self._pump_handler(rank))
         self.output.add_pipe(live_out_r, rank.spec.rank, Stream.STDOUT)
         self.output.add_pipe(live_err_r, rank.spec.rank, Stream.STDERR)
 
@@ -454,8 +439,6 @@ class Watcher(EventLoop):
         self._begin_stop()
         self._poke()
 
-    # -- the other nodes (multi-node jobs) ------------------------------
-
     @property
     def node_failure(self) -> NodeFailure | None:
         """A multi-node job's first failure, on any node (None: none, or one node)."""
@@ -478,12 +461,7 @@ class Watcher(EventLoop):
         for rank in self.ranks:
             if rank.state.alive:
                 rank.stop_requested = True
-            if rank.state is RankState.HELD and rank.child is not None:
-                # Never ran user code: nothing to be graceful about.
-                for child in (rank.child, rank.pump):
-                    if child is not None:
-                        child.abandon()
-                        kill_held(child)
+            rank.kill_if_held()
         self.gang_stopping = True
         self.supervisor.stop_gang()
 

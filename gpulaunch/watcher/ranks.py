@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpulaunch.model import RankExit, RankProgress, RankSpec, RankState, check_transition
 from gpulaunch.resources.cgroup import cgroup_of
-from gpulaunch.watcher.procs import HeldChild
+from gpulaunch.watcher.procs import HeldChild, kill_held
 
 
 @dataclass
@@ -59,6 +59,14 @@ class Rank:
         self.cgroup = None if group == cgroup_of(os.getpid()) else group
         self.pump.release()
         self.child.release()
+
+    def kill_if_held(self) -> None:
+        """A rank still at its gate never ran user code: nothing to be graceful about."""
+        if self.state is RankState.HELD and self.child is not None:
+            for child in (self.child, self.pump):
+                if child is not None:
+                    child.abandon()
+                    kill_held(child)
 
     def advance(self, new: RankState) -> None:
         check_transition(self.state, new)

@@ -38,7 +38,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_internal_error(
 ) -> None:
     """Only a closed stdout may become 141: any other EPIPE is said, with its exit code 70."""
 
-    def broken(args: object) -> int:
+    def broken(*args: object) -> int:
         raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr("gpulaunch.start.render", broken)

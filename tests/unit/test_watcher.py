@@ -154,6 +154,7 @@ def make_job(
         ranks=tuple(unit(r.unit) for r in ranks),
         anchor=lambda pid: unit(anchor_name(names.job_slice)),
         launch=lambda setup: unit(names.launch_service),
+        tie=lambda pid: unit(names.tie_service),
     )
     return spec, units
 

@@ -1,0 +1,59 @@
+"""Forking one rank and its log pump, both held at their gates, wired by pipes.
+
+The rank writes into two pipes (stdout, stderr) read by its log pump, which
+feeds the journal and passes every line on through two more pipes to the
+watcher's terminal output (logs/output.py). Both processes are held at their
+gates (watcher/procs.py) until the supervisor has contained them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
+from gpulaunch.watcher.procs import fork_held, spawn_held
+from gpulaunch.watcher.ranks import Rank
+
+
+def fork_rank(
+    rank: Rank,
+    env: Mapping[str, str],
+    target: JournalTarget | None,
+    death_signal: int,
+    born: Callable[[Rank], None],
+) -> tuple[int, int]:
+    """Fork `rank` (its `child`) and its log pump (its `pump`), both held at their gates.
+
+    `born(rank)` is told as soon as the rank's process exists, before its pump is forked,
+    so that a failure forking the pump leaves no rank unwatched. Returns the read ends of
+    the live stdout and stderr pipes, for the terminal's output.
+    """
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    live_out_r, live_out_w = os.pipe()
+    live_err_r, live_err_w = os.pipe()
+    hold_r = rank.hold_pump()  # the pump's exit waits for the watcher's read of the cgroup
+    try:
+        rank.child = spawn_held(rank.spec.argv, dict(env), {1: out_w, 2: err_w}, death_signal)
+        born(rank)
+        rank.pump = fork_held(
+            lambda: run_pump(
+                {"stdout": 3, "stderr": 4},
+                {"stdout": 5, "stderr": 6},
+                target,
+                rank.spec.rank,
+                hold=7,
+            ),  # fmt: skip
+            {3: out_r, 4: err_r, 5: live_out_w, 6: live_err_w, 7: hold_r},
+            ignore=IGNORED_SIGNALS,
+            death_signal=death_signal,
+        )
+    except BaseException:
+        os.close(live_out_r)
+        os.close(live_err_r)
+        raise
+    finally:
+        for fd in (out_r, out_w, err_r, err_w, live_out_w, live_err_w, hold_r):
+            os.close(fd)
+    return live_out_r, live_err_r
