@@ -105,6 +105,16 @@ def _start(plan: JobPlan, stamps: Path, scratch: Path, env: Mapping[str, str]) -
     return launchers.spawn(Launcher.DIRECT, token, argv, scratch, False, extra)
 
 
+def _direct_watcher(keeper: int) -> int:
+    """The direct watcher: the only child of `gpulaunch start`, its keeper (else the keeper)."""
+    try:
+        with open(f"/proc/{keeper}/task/{keeper}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+    except OSError:
+        return keeper
+    return children[0] if children else keeper
+
+
 def prepare_direct() -> None:
     """The direct watchers' fixed cgroups (the soak's own box: its cgroup tree is its own)."""
     for path in DIRECT_CGROUPS.values():
@@ -197,9 +207,12 @@ def _act(
     if plan.fault in WATCHER_SIGNALS:
         run.signal(WATCHER_SIGNALS[plan.fault])
         return True, None
-    if plan.fault in (Fault.FRONTEND_SIGKILL, Fault.DIRECT_SIGKILL_CGROUP,
-                      Fault.DIRECT_SIGKILL_PGROUP):  # fmt: skip
+    if plan.fault is Fault.FRONTEND_SIGKILL:
         run.signal(signal.SIGKILL)
+        return True, None
+    if plan.fault in (Fault.DIRECT_SIGKILL_CGROUP, Fault.DIRECT_SIGKILL_PGROUP):
+        # `gpulaunch start` is the keeper there (supervisor/keeper.py): the watcher is its child
+        os.kill(_direct_watcher(run.pid), signal.SIGKILL)
         return True, None
     uid, _ = frontend.ids() if plan.launcher == "frontend" else (0, 0)
     if plan.fault is Fault.SLICE_STOP:
