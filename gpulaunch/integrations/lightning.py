@@ -31,8 +31,9 @@ from typing import Any, NoReturn
 
 import lightning.fabric.strategies as fabric_strategies
 import lightning.pytorch.strategies as trainer_strategies
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
+from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from lightning.fabric.strategies.ddp import DDPStrategy as _FabricDDPStrategy
 from lightning.fabric.strategies.launchers.launcher import _Launcher as _FabricLauncher
 from lightning.pytorch.strategies.launchers.launcher import _Launcher as _TrainerLauncher
 
@@ -190,7 +191,7 @@ class GpulaunchStrategy(trainer_strategies.DDPStrategy):
         )
 
 
-class GpulaunchFabricStrategy(fabric_strategies.DDPStrategy):
+class GpulaunchFabricStrategy(_FabricDDPStrategy):
     """Lightning Fabric's DDP, its ranks started and supervised by gpulaunch (the
     options of `GpulaunchStrategy`)."""
 

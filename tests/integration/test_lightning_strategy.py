@@ -1,4 +1,4 @@
-"""`python train.py` with `Trainer(strategy="gpulaunch")` / `Fabric(strategy="gpulaunch")` (issue 31).
+"""`python train.py` with Trainer or Fabric `strategy="gpulaunch"` (issue 31).
 
 The real Trainer and Fabric on CPU (gloo), in the box: the process the test starts is
 the one a user starts, and it becomes gpulaunch's watcher (gpulaunch/integrations/).
@@ -82,7 +82,11 @@ def test_rank_1_exits_7_at_step_5_and_python_train_py_exits_7_with_the_report(
 
 def running_job(job: Job) -> tuple[subprocess.Popen[str], int]:
     proc = job.box.popen(
-        argv(job, "--hold"), cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv(job, "--hold"),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     for rank in (0, 1):
         job.wait_file(f"rank{rank}.json", timeout=180)
