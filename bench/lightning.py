@@ -58,11 +58,13 @@ def _once(strategy: str, cap: float, busy: float) -> dict[str, Any]:
             stamp = None
             up: dict[int, tuple[float, int]] = {}
             zombie_seen = False
+            rank_gone_at: float | None = None  # the failing rank exited (a zombie counts)
             while proc.poll() is None and time.monotonic() - started < cap:
                 if stamp is None:
                     stamp = procs.read_stamps_pids(Path(d), "fail").get(FAIL_RANK)
                     up = procs.read_stamps_pids(Path(d), "up")
-                elif not zombie_seen:
+                elif rank_gone_at is None and not procs.alive(stamp[1]):
+                    rank_gone_at = time.time()
                     zombie_seen = procs._state(stamp[1]) == "Z"
                 time.sleep(0.005)  # measurement code: a short fixed poll, on purpose
             exited_at = time.time()
@@ -85,6 +87,9 @@ def _once(strategy: str, cap: float, busy: float) -> dict[str, Any]:
         "ended": ended,
         "status": proc.returncode if ended else None,
         "exit_s": (exited_at - stamp[0]) if (ended and stamp) else None,
+        # the failing rank's own share (its exception handling and teardown), and the rest
+        "rank_gone_s": (rank_gone_at - stamp[0]) if (rank_gone_at and stamp) else None,
+        "reaction_s": (exited_at - rank_gone_at) if (ended and rank_gone_at) else None,
         "report_names_rank": named,
         "left_at_exit": len(left_at_exit),
         "failed_rank_zombie": zombie_seen,
@@ -95,9 +100,16 @@ def _once(strategy: str, cap: float, busy: float) -> dict[str, Any]:
     }
 
 
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
 def _row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     times = [r["exit_s"] for r in runs if r["exit_s"] is not None]
     return {
+        "median_rank_gone_s": _median(runs, "rank_gone_s"),
+        "median_reaction_s": _median(runs, "reaction_s"),
         "runs": len(runs),
         "ended": sum(r["ended"] for r in runs),
         "median_exit_s": statistics.median(times) if times else None,
@@ -130,6 +142,12 @@ def _markdown(cases: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any])
     cells = {
         "failure → `python train.py` exit, median (s)": lambda r: fmt(r["median_exit_s"]),
         "… max (s)": lambda r: fmt(r["max_exit_s"]),
+        "failure → failing rank's process exited, median (s)": lambda r: fmt(
+            r["median_rank_gone_s"]
+        ),
+        "failing rank exited → `python train.py` exit, median (s)": lambda r: fmt(
+            r["median_reaction_s"]
+        ),
         "runs ended within the cap": lambda r: f"{r['ended']}/{r['runs']}",
         "exit status of `python train.py`": lambda r: ", ".join(map(str, r["statuses"])),
         "report names rank 1 and its exit 7": lambda r: f"{r['report_names_rank']}/{r['runs']}",
