@@ -80,6 +80,19 @@ def test_rank_1_exits_7_at_step_5_and_python_train_py_exits_7_with_the_report(
     assert_clean(job)
 
 
+def test_the_m_form_interpreter_options_and_cwd_reach_every_rank(job: Job) -> None:
+    scripts = REPO / "tests" / "integration" / "scripts"
+    args = ["--dir", str(job.dir), "--job", job.id, "--kind", "fabric"]
+    typed = [sys.executable, "-B", "-m", "lightning_strategy", *args]
+    res = job.box.run(typed, cwd=str(scripts), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        seen = load(job, f"rank{rank}.json")
+        assert seen["cmdline"] == [sys.executable, "-u", *typed[1:]]
+        assert seen["cwd"] == str(scripts)
+    assert_clean(job)
+
+
 def running_job(job: Job) -> tuple[subprocess.Popen[str], int]:
     proc = job.box.popen(
         argv(job, "--hold"),

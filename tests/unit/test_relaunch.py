@@ -3,6 +3,7 @@ plus Lightning's real connectors choosing the launcher (no processes started).""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -179,3 +180,65 @@ def test_in_a_rank_the_strategy_is_lightnings_ddp(
     assert trainer.global_rank == 1 and trainer.world_size == 2
     fabric = L.Fabric(strategy="gpulaunch", accelerator="cpu", devices=2)
     assert fabric.strategy.launcher is None and fabric.global_rank == 1
+
+
+def test_devices_auto_on_cpu_is_one_rank_and_options_reach_the_watcher(
+    lightning_env: None,
+) -> None:
+    import lightning as L
+
+    from gpulaunch.integrations.lightning import GpulaunchStrategy, watcher_command
+
+    strategy = GpulaunchStrategy(grace=3, memory_max="2G", log_dir="logs", hang_timeout=60)
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices="auto", logger=False)
+    assert trainer.strategy.num_processes == 1
+    argv = watcher_command(strategy.gpulaunch_options, 1, 1, slurm=False)
+    args = build_parser().parse_args(argv[3:])
+    assert (args.nproc, args.grace, args.memory_max, args.hang_timeout) == (1, 3.0, "2G", 60)
+    assert str(args.log_dir) == "logs"
+    assert args.job.startswith("pytest_") or args.job.startswith("__main___")
+    assert [args.script, *args.args] == rank_command(sys.executable, sys.orig_argv)
+
+
+SLURM_ONE_TASK_PER_NODE = {
+    "SLURM_JOB_ID": "77",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_NTASKS": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_NODELIST": "n[1-2]",
+}
+
+
+def test_num_nodes_under_srun_one_task_per_node_makes_a_watcher_per_node(
+    lightning_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning as L
+
+    from gpulaunch.integrations.lightning import watcher_command
+
+    for name, value in SLURM_ONE_TASK_PER_NODE.items():
+        monkeypatch.setenv(name, value)
+    trainer = L.Trainer(
+        strategy="gpulaunch", accelerator="cpu", devices=3, num_nodes=2, logger=False
+    )
+    assert type(trainer.strategy.cluster_environment).__name__ == "SLURMEnvironment"
+    launcher = trainer.strategy.launcher
+    assert launcher is not None and launcher.is_interactive_compatible is False
+    argv = watcher_command(trainer.strategy.gpulaunch_options, 3, 2, slurm=True)
+    args = build_parser().parse_args(argv[3:])
+    assert (args.nproc, args.nnodes, args.job) == (3, "2", None)  # the id: gpulaunch's, SLURM's
+
+
+def test_num_nodes_elsewhere_without_node_rank_fails_at_trainer(
+    lightning_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning as L
+
+    monkeypatch.delenv("NODE_RANK", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    with pytest.raises(RelaunchError, match="NODE_RANK and MASTER_ADDR"):
+        L.Trainer(strategy="gpulaunch", accelerator="cpu", devices=2, num_nodes=2, logger=False)

@@ -52,6 +52,8 @@ def started(rank: int) -> None:
         "ppid": os.getppid(),
         "LOCAL_RANK": os.environ.get("LOCAL_RANK"),
         "GPULAUNCH_JOB": os.environ.get("GPULAUNCH_JOB"),
+        "cmdline": open("/proc/self/cmdline").read().split("\0")[:-1],
+        "cwd": os.getcwd(),
     }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
@@ -146,3 +148,5 @@ else:
         type(fabric.strategy.cluster_environment).__name__,
         {"strategy": type(fabric.strategy).__name__},
     )
+    fabric.barrier()
+    torch.distributed.destroy_process_group()  # no gloo thread left running at exit
