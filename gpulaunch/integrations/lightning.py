@@ -58,14 +58,16 @@ def _main_module() -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _relaunch(options: WatcherOptions, num_processes: int, num_nodes: int, slurm: bool) -> NoReturn:
-    """Become the watcher of `num_processes` ranks running the command the user typed."""
+def watcher_command(
+    options: WatcherOptions, num_processes: int, num_nodes: int, slurm: bool
+) -> list[str]:
+    """The `gpulaunch start` line that runs the command the user typed once per rank."""
     from gpulaunch.plan.spec import generated_job_id
 
     job = options.job
     if job is None and num_nodes == 1:  # several nodes: gpulaunch's id, the same on each
         job = generated_job_id(job_label(sys.argv[0], _main_module()))
-    argv = watcher_argv(
+    return watcher_argv(
         sys.executable,
         nproc=num_processes,
         nodes=node_args(os.environ, slurm=slurm, num_nodes=num_nodes),
@@ -73,7 +75,11 @@ def _relaunch(options: WatcherOptions, num_processes: int, num_nodes: int, slurm
         command=rank_command(sys.executable, sys.orig_argv),
         job=job,
     )
-    become_watcher(argv)
+
+
+def _relaunch(options: WatcherOptions, num_processes: int, num_nodes: int, slurm: bool) -> NoReturn:
+    """Become the watcher of `num_processes` ranks running the command the user typed."""
+    become_watcher(watcher_command(options, num_processes, num_nodes, slurm))
 
 
 def _role(env: ClusterEnvironment, num_processes: int, num_nodes: int) -> Role:
@@ -186,6 +192,9 @@ class GpulaunchStrategy(trainer_strategies.DDPStrategy):
             self._launcher = None  # a rank: Lightning's DDP as it is
             return
         slurm = isinstance(env, SLURMEnvironment)
+        watcher_command(
+            self.gpulaunch_options, self.num_processes, self.num_nodes, slurm
+        )  # fail now
         self._launcher = _GpulaunchTrainerLauncher(
             self.gpulaunch_options, self.num_processes, self.num_nodes, slurm
         )
@@ -229,6 +238,9 @@ class GpulaunchFabricStrategy(_FabricDDPStrategy):
             self._launcher = None
             return
         slurm = isinstance(env, SLURMEnvironment)
+        watcher_command(
+            self.gpulaunch_options, self.num_processes, self.num_nodes, slurm
+        )  # fail now
         self._launcher = _GpulaunchFabricLauncher(
             self.gpulaunch_options, self.num_processes, self.num_nodes, slurm
         )
