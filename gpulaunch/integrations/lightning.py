@@ -24,9 +24,13 @@ gpulaunch itself never does (tests/unit/test_no_torch.py).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, NoReturn
 
 import lightning.fabric.strategies as fabric_strategies
@@ -82,6 +86,42 @@ def _relaunch(options: WatcherOptions, num_processes: int, num_nodes: int, slurm
     become_watcher(watcher_command(options, num_processes, num_nodes, slurm))
 
 
+def record_failure(exc: BaseException, tb: TracebackType | None) -> None:
+    """In a rank gpulaunch started: write torchelastic's error file now, as `@record` does.
+
+    The rank is failing but has its teardown still ahead (Lightning's, then the
+    interpreter's), which can take a second; meanwhile the others notice the broken
+    collective, and one of them may die of it (gloo aborts: SIGABRT) before this rank
+    has exited, and be taken for the cause. gpulaunch stops the others as soon as the
+    file is written and names this rank the cause, with its own exit status once it
+    exits (gpulaunch/watcher/errorwatch.py). An interrupt, or an exit with status 0, is
+    no error. The format is torch's (torch.distributed.elastic.multiprocessing.errors).
+
+    Called from Trainer's `on_exception` and around Fabric's `fabric.launch(fn)`: both
+    run in the failing rank before any peer can see a broken connection. A script that
+    calls `fabric.launch()` bare and fails after it has no such hook (an excepthook would
+    also run in the other ranks, for their "Connection closed by peer", and was seen to
+    name one of them): the rank whose exit gpulaunch sees first is the cause.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or "GPULAUNCH_JOB" not in os.environ or isinstance(exc, KeyboardInterrupt):
+        return
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return
+    callstack = "".join(traceback.format_exception(type(exc), exc, tb))
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))},
+        }
+    }
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:  # the rank's status and stderr still tell what happened
+        pass
+
+
 def _role(env: ClusterEnvironment, num_processes: int, num_nodes: int) -> Role:
     return role(
         os.environ,
@@ -121,6 +161,22 @@ class _GpulaunchFabricLauncher(_FabricLauncher):
 
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         _relaunch(*self._args)
+
+
+class _RankFabricLauncher(_FabricLauncher):
+    """Fabric's launcher in a rank gpulaunch started: `fabric.launch(fn)` runs `fn` here,
+    and a failure of it is recorded before the rank tears down (`record_failure`)."""
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return True  # it starts nothing
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except BaseException as exc:
+            record_failure(exc, exc.__traceback__)
+            raise
 
 
 def _options(
@@ -199,6 +255,11 @@ class GpulaunchStrategy(trainer_strategies.DDPStrategy):
             self.gpulaunch_options, self.num_processes, self.num_nodes, slurm
         )
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Lightning caught an exception (sys.exit too) in fit/validate/test/predict."""
+        super().on_exception(exception)
+        record_failure(exception, exception.__traceback__)
+
 
 class GpulaunchFabricStrategy(_FabricDDPStrategy):
     """Lightning Fabric's DDP, its ranks started and supervised by gpulaunch (the
@@ -235,7 +296,9 @@ class GpulaunchFabricStrategy(_FabricDDPStrategy):
         env = self.cluster_environment
         assert env is not None  # Fabric's connector sets it before this
         if _role(env, self.num_processes, self.num_nodes) is Role.RANK:
-            self._launcher = None
+            # started by gpulaunch: `fabric.launch(fn)` records fn's failure (record_failure)
+            rank = "GPULAUNCH_JOB" in os.environ
+            self._launcher = _RankFabricLauncher() if rank else None
             return
         slurm = isinstance(env, SLURMEnvironment)
         watcher_command(

@@ -74,9 +74,15 @@ def test_a_two_rank_job_succeeds_with_the_started_process_as_every_rank_s_parent
 def test_rank_1_exits_7_at_step_5_and_python_train_py_exits_7_with_the_report(
     job: Job, kind: str
 ) -> None:
-    res = run(job, "--kind", kind, "--fail-rank", "1", "--fail-step", "5", "--exit-code", "7")
+    # Fabric: the loop in fabric.launch(fn), where the strategy sees the rank fail
+    launch_fn = ["--launch-fn"] if kind == "fabric" else []
+    res = run(
+        job, "--kind", kind, "--fail-rank", "1", "--fail-step", "5", "--exit-code", "7", *launch_fn
+    )
     assert res.returncode == 7, res.stderr[-3000:]
     assert f"gpulaunch: job {job.id} failed: rank 1 exit 7 (status 7)" in res.stderr
+    # the strategy wrote the error file as the rank began to fail
+    assert "SystemExit: 7" in res.stderr[res.stderr.index("failed: rank 1") :]
     assert_clean(job)
 
 

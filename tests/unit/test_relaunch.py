@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -179,7 +180,9 @@ def test_in_a_rank_the_strategy_is_lightnings_ddp(
     assert type(trainer.strategy.cluster_environment).__name__ == "TorchElasticEnvironment"
     assert trainer.global_rank == 1 and trainer.world_size == 2
     fabric = L.Fabric(strategy="gpulaunch", accelerator="cpu", devices=2)
-    assert fabric.strategy.launcher is None and fabric.global_rank == 1
+    assert fabric.global_rank == 1
+    assert type(fabric.strategy.launcher).__name__ == "_RankFabricLauncher"  # records failures
+    assert fabric.launch(lambda f: f.global_rank + 41) == 42
 
 
 def test_devices_auto_on_cpu_is_one_rank_and_options_reach_the_watcher(
@@ -242,3 +245,44 @@ def test_num_nodes_elsewhere_without_node_rank_fails_at_trainer(
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     with pytest.raises(RelaunchError, match="NODE_RANK and MASTER_ADDR"):
         L.Trainer(strategy="gpulaunch", accelerator="cpu", devices=2, num_nodes=2, logger=False)
+
+
+@pytest.mark.parametrize(
+    ("exc", "written"),
+    [
+        (SystemExit(7), True),
+        (RuntimeError("boom"), True),
+        (SystemExit(0), False),
+        (SystemExit(None), False),
+        (KeyboardInterrupt(), False),
+    ],
+)
+def test_a_failing_rank_writes_torchelastic_s_error_file_gpulaunch_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException, written: bool
+) -> None:
+    from gpulaunch.integrations.lightning import record_failure
+    from gpulaunch.watcher.errorfile import read_error_file
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    monkeypatch.setenv("GPULAUNCH_JOB", "j")
+    try:
+        raise exc
+    except BaseException as caught:
+        record_failure(caught, caught.__traceback__)
+    assert path.exists() is written
+    if written:
+        text = read_error_file(path)
+        assert text is not None and f"{type(exc).__name__}: {exc}" in text
+        assert "test_a_failing_rank_writes" in text  # the traceback
+
+
+def test_outside_gpulaunch_no_error_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpulaunch.integrations.lightning import record_failure
+
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    monkeypatch.delenv("GPULAUNCH_JOB", raising=False)  # torchrun's rank: @record's business
+    record_failure(RuntimeError("x"), None)
+    assert not (tmp_path / "error.json").exists()

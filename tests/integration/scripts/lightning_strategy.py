@@ -32,6 +32,7 @@ p.add_argument("--fail-step", type=int, default=5)
 p.add_argument("--exit-code", type=int, default=7)
 p.add_argument("--hold", action="store_true")
 p.add_argument("--steps", type=int, default=8)
+p.add_argument("--launch-fn", action="store_true", help="Fabric: the loop in fabric.launch(fn)")
 args = p.parse_args()
 out = args.dir
 devices = args.devices if args.devices == "auto" else int(args.devices)
@@ -131,17 +132,24 @@ else:
         devices=devices,
         strategy="gpulaunch" if args.by_name else GpulaunchFabricStrategy(job=args.job, grace=5),
     )
-    fabric.launch()
-    model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = fabric.setup(model, optimizer)
-    for step in range(1, args.steps + 1):
-        step_hook(fabric.global_rank, step)
-        loss = model(torch.randn(16, 8)).pow(2).mean()
-        optimizer.zero_grad()
-        fabric.backward(loss)
-        optimizer.step()
-    fabric.barrier()
+
+    def train(fabric: L.Fabric) -> None:
+        model = torch.nn.Linear(8, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = fabric.setup(model, optimizer)
+        for step in range(1, args.steps + 1):
+            step_hook(fabric.global_rank, step)
+            loss = model(torch.randn(16, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            fabric.backward(loss)
+            optimizer.step()
+        fabric.barrier()
+
+    if args.launch_fn:
+        fabric.launch(train)
+    else:
+        fabric.launch()
+        train(fabric)
     finish(
         fabric.global_rank,
         fabric.world_size,
