@@ -160,7 +160,7 @@ def test_trainer_and_fabric_by_name_get_the_watcher_launcher(lightning_env: None
 
 
 def test_in_a_rank_the_strategy_is_lightnings_ddp(
-    lightning_env: None, monkeypatch: pytest.MonkeyPatch
+    lightning_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import lightning as L
 
@@ -182,7 +182,13 @@ def test_in_a_rank_the_strategy_is_lightnings_ddp(
     fabric = L.Fabric(strategy="gpulaunch", accelerator="cpu", devices=2)
     assert fabric.global_rank == 1
     assert type(fabric.strategy.launcher).__name__ == "_RankFabricLauncher"  # records failures
-    assert fabric.launch(lambda f: f.global_rank + 41) == 42
+    launcher = fabric.strategy.launcher
+    assert launcher.launch(lambda x: x + 1, 41) == 42
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    with pytest.raises(SystemExit):
+        launcher.launch(sys.exit, 7)
+    assert "SystemExit: 7" in error_file.read_text()
 
 
 def test_devices_auto_on_cpu_is_one_rank_and_options_reach_the_watcher(
