@@ -32,6 +32,7 @@ p.add_argument("--fail-step", type=int, default=5)
 p.add_argument("--exit-code", type=int, default=7)
 p.add_argument("--hold", action="store_true")
 p.add_argument("--steps", type=int, default=8)
+p.add_argument("--num-nodes", type=int, default=1)
 p.add_argument("--launch-fn", action="store_true", help="Fabric: the loop in fabric.launch(fn)")
 args = p.parse_args()
 out = args.dir
@@ -55,6 +56,8 @@ def started(rank: int) -> None:
         "GPULAUNCH_JOB": os.environ.get("GPULAUNCH_JOB"),
         "cmdline": open("/proc/self/cmdline").read().split("\0")[:-1],
         "cwd": os.getcwd(),
+        "host": os.uname().nodename,
+        "WORLD_SIZE": os.environ.get("WORLD_SIZE"),
     }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
@@ -103,6 +106,7 @@ if args.kind == "trainer":
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
+        num_nodes=args.num_nodes,
         strategy="gpulaunch" if args.by_name else GpulaunchStrategy(job=args.job, grace=5),
         max_steps=args.steps,
         logger=False,
