@@ -179,7 +179,7 @@ def _markdown(cases: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any])
             ddp, ours = rows["ddp"][key], rows["gpulaunch"][key]
             if ddp and ours:
                 lines.append(
-                    f"Ratio of the medians, {what} (gpulaunch / Lightning): {ours / ddp:.2f}."
+                    f"- ratio of the medians, {what} (gpulaunch / Lightning): {ours / ddp:.2f}."
                 )
     return "\n".join(lines) + "\n"
 
