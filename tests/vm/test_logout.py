@@ -33,7 +33,8 @@ def test_logout_while_a_job_runs(vm: Machine, how: str) -> None:
         target = session if how == "terminate-session" else "bob"
         vm.run(f"loginctl {how} {target}", check=True)
         login.wait(timeout=300)
-        wait_for(vm, f"! pgrep -f {shlex.quote('vmrank.py --dir ' + job.dir)} >/dev/null", "ranks")
+        # [.]: the pattern must not match the waiting shell's own command line
+        wait_for(vm, f"! pgrep -f {shlex.quote('vmrank[.]py --dir ' + job.dir)} >/dev/null", "ranks")
         for pid in pids:
             assert vm.run(f"kill -0 {pid}").returncode != 0, f"rank {pid} outlived the logout"
         units = vm.run(f"systemctl --user -M bob@ list-units --no-legend 'gpulaunch-{job.id}*'")
