@@ -34,7 +34,8 @@ def test_logout_while_a_job_runs(vm: Machine, how: str) -> None:
         vm.run(f"loginctl {how} {target}", check=True)
         login.wait(timeout=300)
         # [.]: the pattern must not match the waiting shell's own command line
-        wait_for(vm, f"! pgrep -f {shlex.quote('vmrank[.]py --dir ' + job.dir)} >/dev/null", "ranks")
+        ranks = shlex.quote(f"vmrank[.]py --dir {job.dir}")
+        wait_for(vm, f"! pgrep -f {ranks} >/dev/null", "the ranks' end")
         for pid in pids:
             assert vm.run(f"kill -0 {pid}").returncode != 0, f"rank {pid} outlived the logout"
         units = vm.run(f"systemctl --user -M bob@ list-units --no-legend 'gpulaunch-{job.id}*'")
@@ -42,8 +43,8 @@ def test_logout_while_a_job_runs(vm: Machine, how: str) -> None:
         wait_for(vm, f"journalctl -q --all GPULAUNCH_JOB={job.id} | grep -q .", "the record")
         record = job.record()
         assert record["GPULAUNCH_STATE"] == "stopped", record
-        ranks = json.loads(record["GPULAUNCH_RANKS"])
-        assert all(r["stopped_by_watcher"] for r in ranks), ranks
+        recorded = json.loads(record["GPULAUNCH_RANKS"])
+        assert all(r["stopped_by_watcher"] for r in recorded), recorded
     finally:
         if login.poll() is None:
             login.kill()
