@@ -7,6 +7,7 @@ daemon goes with the job."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -35,3 +36,30 @@ def test_cpus_per_rank_confines_every_process_of_the_rank(vm: Machine, user: str
         gone = job.run(f"kill -0 {daemon['pid']}")
         assert gone.returncode != 0, f"rank {n}'s daemon outlived the job"
     assert seen == ({"0", "1"} if enforced else {"0-1"})  # a CPU of its own each, as root
+
+
+NUMA_MACHINE = (
+    "import sys; sys.path.insert(0, '/src')\n"
+    "from pathlib import Path\n"
+    "from tests.fake_machine import FakeGpu, write_fake_machine\n"
+    "write_fake_machine(Path(sys.argv[1]), [FakeGpu('0000:1b:00.0', 0, 'GPU-aaaa', 0),"
+    " FakeGpu('0000:3d:00.0', 1, 'GPU-bbbb', 1)], online='0-1', nodes={0: '0', 1: '1'})\n"
+)
+
+
+def test_cpu_bind_numa_confines_each_rank_to_its_gpus_node(vm: Machine) -> None:
+    """Two fake GPUs on NUMA nodes 0 (CPU 0) and 1 (CPU 1): as root each rank and its
+    helpers run on its GPU's node only."""
+    job = new_job(vm, "root", "numa")
+    machine = f"{job.dir}/machine"
+    job.run(f"/opt/gpulaunch-venv/bin/python -c {shlex.quote(NUMA_MACHINE)} {machine}")
+    res = job.start(
+        "--nproc", "2", "--gpus", "0,1", "--cpu-bind", "numa", "--machine-root", machine,
+        script_args=("--spawn",),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout
+    for n in (0, 1):
+        rank = job.rank(n)
+        daemon = json.loads(job.run(f"cat {job.dir}/rank{n}.daemon.json").stdout)
+        assert rank["cpus"] == rank["cpuset"] == str(n), rank
+        assert rank["worker"]["cpus"] == daemon["cpus"] == str(n), (rank, daemon)
