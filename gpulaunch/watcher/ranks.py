@@ -45,7 +45,10 @@ class Rank:
         """Open its gates (rank and pump), noting its scope's cgroup first: a zombie's
         /proc/PID/cgroup no longer names it, and the report reads it at the end."""
         assert self.child is not None and self.pump is not None
-        self.cgroup = cgroup_of(self.child.pid)
+        group = cgroup_of(self.child.pid)
+        # The watcher's own cgroup is not the rank's (process groups: a container's or a
+        # login's, shared by every rank): its counters are not this rank's.
+        self.cgroup = group if group != cgroup_of(os.getpid()) else None
         self.pump.release()
         self.child.release()
 

@@ -38,3 +38,5 @@ def test_memory_max_in_a_container(vm: Machine, cgroup: str) -> None:
         assert "direct supervisor (process groups" in out, out
         assert "not enforced" in out, out  # said at start: the limit does not hold here
         assert res.returncode == 0, out  # the rank used its 300 MiB and ended
+        # the container's cgroup is every rank's and the watcher's: not the rank's figures
+        assert "peak mem: from wait4's ru_maxrss" in out, out
