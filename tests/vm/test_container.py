@@ -14,6 +14,7 @@ import shlex
 import pytest
 
 from sdbox.vm import Machine
+from tests.vm.test_direct import wait_for
 from tests.vm.vmjobs import RANK, new_job
 
 PODMAN = ["podman", "run", "--rm", "--network", "host", "--cgroupns=private",
@@ -40,3 +41,27 @@ def test_memory_max_in_a_container(vm: Machine, cgroup: str) -> None:
         assert res.returncode == 0, out  # the rank used its 300 MiB and ended
         # the container's cgroup is every rank's and the watcher's: not the rank's figures
         assert "peak mem: from wait4's ru_maxrss" in out, out
+
+
+def test_podman_stop_stops_the_gang_gracefully(vm: Machine) -> None:
+    """gpulaunch as the container's PID 1: `podman stop` (SIGTERM) stops every rank and
+    their daemons within the grace, and the report says so."""
+    job = new_job(vm, "root", "ctstop")
+    name = f"gl-{job.id}"
+    argv = ["podman", "run", "-d", "--name", name, *PODMAN[3:], *ROOTFS,
+            "gpulaunch", "start", "--job", job.id, "--nproc", "2", RANK, "--dir", job.dir,
+            "--spawn", "--sleep", "600"]  # fmt: skip
+    vm.run(shlex.join(argv), check=True)
+    try:
+        wait_for(
+            vm, f"test -e {job.dir}/rank0.daemon.json -a -e {job.dir}/rank1.daemon.json", "ranks"
+        )
+        vm.run(f"podman stop -t 60 {name}", check=True, timeout=200)
+        status = vm.run(f"podman inspect -f '{{{{.State.ExitCode}}}}' {name}", check=True)
+        assert status.stdout.strip() == "143", status
+        logs = vm.run(f"podman logs {name} 2>&1").stdout
+        assert f"job {job.id} stopped by SIGTERM (status 143)" in logs, logs
+        left = vm.run(f"pgrep -f {shlex.quote(f'vmrank[.]py --dir {job.dir}')}")
+        assert left.returncode != 0, left.stdout  # nothing of the job outlives it
+    finally:
+        vm.run(f"podman rm -f {name}")
