@@ -29,6 +29,7 @@ from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import count, format_report
+from gpulaunch.resources.controllers import unenforced
 from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
@@ -234,7 +235,7 @@ def start(
             output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
             output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
             # warnings about a job that runs: not before its units exist (it may be refused)
-            _warn_about(spec, output)
+            _warn_about(spec, output, direct)
             if detached is not None:
                 detached.started()
 
@@ -337,7 +338,7 @@ def _kept(chosen: Chosen, keeper: KeeperLink | None) -> Chosen:
     return replace(chosen, line=supervisor.guarantees() + chosen.line.removeprefix(before))
 
 
-def _warn_about(spec: JobSpec, output: Output) -> None:
+def _warn_about(spec: JobSpec, output: Output, direct: bool) -> None:
     if omp_default_applies(os.environ, spec.nproc):
         output.message(
             "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's default) "
@@ -349,6 +350,9 @@ def _warn_about(spec: JobSpec, output: Output) -> None:
             "rules: each rank sees only its GPU, but could still open the others; run as root "
             "for enforced isolation"
         )
+    if not direct:  # the direct supervisor says it itself (supervisor/direct.py)
+        for text in unenforced(spec):
+            output.message(f"gpulaunch: warning: {text}")
 
 
 def _where(spec: JobSpec, where: str) -> str:

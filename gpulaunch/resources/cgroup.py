@@ -88,6 +88,21 @@ def memory_max(cgroup: Path) -> int | None:
     return _number(cgroup / "memory.max")
 
 
+def memory_limit(cgroup: Path, root: Path = CGROUP_ROOT) -> int | None:
+    """The `memory.max` that bounds the cgroup: its own, else its nearest ancestor's
+    (`--job-memory-max` is the job slice's); None where nothing below root limits it."""
+    own = memory_max(cgroup)
+    if own is not None:
+        return own
+    for group in cgroup.parents:
+        if group == root or root not in group.parents:
+            return None
+        found = memory_max(group)
+        if found is not None:
+            return found
+    return None
+
+
 def oom_kills(cgroup: Path) -> int | None:
     """`oom_kill` of `memory.events` (kills by any OOM killer of this cgroup's processes)."""
     events = _keyed(cgroup / "memory.events")

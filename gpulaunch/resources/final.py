@@ -82,7 +82,7 @@ def oom_kill(
                 return None
             return OomKill(
                 memory=cg.memory_peak(group),
-                limit=cg.memory_max(group) or limit,
+                limit=cg.memory_limit(group) or limit,
                 source=FROM_EVENTS,
             )
     for line in (kernel_log or read_kernel_log)():

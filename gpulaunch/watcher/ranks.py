@@ -56,7 +56,9 @@ class Rank:
         its own processes (wait4), never the shared cgroup's."""
         assert self.child is not None and self.pump is not None
         group = cgroup_of(self.child.pid)
-        self.cgroup = None if group == cgroup_of(os.getpid()) else group
+        # The watcher's own cgroup is not the rank's (process groups: a container's or a
+        # login's, shared by every rank): its counters are not this rank's.
+        self.cgroup = group if group != cgroup_of(os.getpid()) else None
         self.pump.release()
         self.child.release()
 

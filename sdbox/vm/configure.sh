@@ -89,7 +89,6 @@ sys.exit(main())
 EOF
 chmod 755 /usr/local/bin/gpulaunch
 cp /usr/local/bin/gpulaunch /opt/gpulaunch-venv/bin/gpulaunch  # where the tests look
-ln -sf /opt/gpulaunch-venv/bin/python /usr/local/bin/gl-python
 # Compile once at build time (native speed) rather than in the slow guest.
 /opt/gpulaunch-venv/bin/python -m compileall -q "$site" >/dev/null || true
 

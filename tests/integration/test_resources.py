@@ -195,11 +195,11 @@ def test_allowed_cpus_take_effect_where_cpuset_is_available(
     assert allowed  # systemd took the setting in any case
     controllers = cgroup_file(job, unit, "cgroup.controllers")
     if "cpuset" not in (controllers or "").split():
-        pytest.skip(
-            f"the cgroup of {unit} has no cpuset controller (controllers: {controllers!r}): "
-            f"systemd accepts AllowedCPUs={allowed} but the kernel cannot apply it. Expected in "
-            "the systemd box, which gets no cgroup controllers (sdbox/README.md)"
-        )
+        # systemd accepts AllowedCPUs= but the kernel cannot apply it: true of the box only,
+        # which gets no cgroup controllers (sdbox/README.md); tests/vm/test_inside.py runs
+        # this test where the controller is.
+        assert isinstance(job.box, Box), f"{unit}: no cpuset controller ({controllers!r})"
+        return
     want = set(int(c) for c in re.findall(r"\d+", allowed))
     effective = cgroup_file(job, unit, "cpuset.cpus.effective") or ""
     assert int.from_bytes(parse_cpu_set(effective), "little") == sum(1 << c for c in want)
@@ -214,11 +214,9 @@ def test_memory_max_takes_effect_where_memory_is_available(
     assert shown(job, unit, "MemoryMax") == str(256 * 2**20)
     controllers = cgroup_file(job, unit, "cgroup.controllers")
     if "memory" not in (controllers or "").split():
-        pytest.skip(
-            f"the cgroup of {unit} has no memory controller (controllers: {controllers!r}): "
-            "systemd accepts MemoryMax= but the kernel cannot apply it. Expected in the "
-            "systemd box, which gets no cgroup controllers (sdbox/README.md)"
-        )
+        # As above: true of the box only; tests/vm/test_inside.py runs this in the VM lab.
+        assert isinstance(job.box, Box), f"{unit}: no memory controller ({controllers!r})"
+        return
     assert cgroup_file(job, unit, "memory.max") == str(256 * 2**20)
 
 

@@ -1,9 +1,9 @@
 """What ranks use, seen from outside (`gpulaunch status --resources`, `gpulaunch top`) and
 in the final report, against a real systemd with real processes.
 
-The box has no cgroup controllers: `memory.current` and `memory.events` are absent, so
-these tests see the "not available here" path; the controller paths are unit-tested
-with fake cgroup trees (tests/unit/test_resources.py).
+Each test asserts what is true of the machine it runs on: the box has no cgroup
+controllers (`memory.current` and `memory.events` absent: the "not available here"
+path); the VM lab (tests/vm/test_inside.py runs these tests there) has them all.
 
 CPU %: the machine running the tests is shared and loaded, so a burning rank may get
 less than a whole CPU. The test does not assert 90-110 % of wall time; it checks what
@@ -35,6 +35,13 @@ def gl(job: Job, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess
     )
 
 
+def memory_here(job: Job, pid: int) -> bool:
+    """Whether the cgroup of process pid (a rank's unit) has the memory controller."""
+    cgroup = job.box.run(["cat", f"/proc/{pid}/cgroup"], capture_output=True, text=True).stdout
+    path = "/sys/fs/cgroup" + cgroup.strip().split("::", 1)[-1] + "/memory.current"
+    return job.box.run(["test", "-e", path]).returncode == 0
+
+
 def proc_cpu_sec(job: Job, pid: int) -> float:
     stat = job.box.run(["cat", f"/proc/{pid}/stat"], capture_output=True, text=True).stdout
     fields = stat.rsplit(")", 1)[1].split()
@@ -59,6 +66,7 @@ def test_status_resources_shows_cpu_memory_and_what_is_missing(job: Job) -> None
         res = gl(job, "status", job.id, "--resources", "--json")
         assert res.returncode == 0, res.stderr
         burner_cpu = proc_cpu_sec(job, job.pids()["rank0"])
+        memory = memory_here(job, job.pids()["rank0"])
         out: dict[str, Any] = json.loads(res.stdout)["resources"]
         burner, holder = out["ranks"]
         # CPU time: the unit's cgroup, so it is what the kernel says of the rank's process
@@ -73,15 +81,21 @@ def test_status_resources_shows_cpu_memory_and_what_is_missing(job: Job) -> None
         assert holder["pss"] - burner["pss"] == pytest.approx(300 * MiB, rel=0.1)
         for r in (burner, holder):
             assert r["processes"] == 2 and r["threads"] >= 2  # the rank and its log pump
-            assert r["cgroup_memory"] is None and r["idle_sec"] is not None
-        # No memory controller, no NVML here: said once, not zeros.
-        assert "memory controller" in out["missing"]["cgroup_memory"]
+            assert (r["cgroup_memory"] is not None) == memory, r
+            assert r["idle_sec"] is not None
+        # What this machine lacks (the box: the memory controller; NVML): said once, not zeros.
+        if memory:
+            assert "cgroup_memory" not in out["missing"], out
+            used = holder["cgroup_memory"] - burner["cgroup_memory"]
+            assert used == pytest.approx(300 * MiB, rel=0.1), out
+        else:
+            assert "memory controller" in out["missing"]["cgroup_memory"]
         assert "gpu" in out["missing"]
         assert out["total"]["rss"] == burner["rss"] + holder["rss"]
 
         text = gl(job, "status", job.id, "--resources")
         assert text.returncode == 0, text.stderr
-        assert text.stdout.count("memory.current: not available here") == 1, text.stdout
+        assert text.stdout.count("memory.current: not available here") == (not memory), text.stdout
         assert "GPU: not available here" in text.stdout
     finally:
         end(job, proc)
@@ -90,6 +104,7 @@ def test_status_resources_shows_cpu_memory_and_what_is_missing(job: Job) -> None
 def test_top_once_renders_the_table(job: Job) -> None:
     proc = start(job, "--burn-rank", "0")
     try:
+        memory = memory_here(job, job.pids()["rank0"])
         res = gl(job, "top", job.id, "--once", "--interval", "0.5")
         assert res.returncode == 0, res.stderr
         lines = res.stdout.splitlines()
@@ -97,14 +112,15 @@ def test_top_once_renders_the_table(job: Job) -> None:
         header = next(line for line in lines if line.split()[:2] == ["rank", "state"])
         for column in ("CPU", "CPU time", "RSS", "PSS", "procs", "threads", "last output"):
             assert column in header, header
-        assert "memory.current" not in header and "GPU" not in header
+        assert "GPU" not in header
+        assert memory or "memory.current" not in header
         rows = [line.split() for line in lines]
         assert [r[:2] for r in rows if r[:1] in (["0"], ["1"])] == [
             ["0", "running"],
             ["1", "running"],
         ]
         assert any(r[:1] == ["total"] for r in rows)
-        assert any("memory.current: not available here" in line for line in lines)
+        assert any("memory.current: not available here" in line for line in lines) != memory
         assert any(line.endswith("s ago") for line in lines)
         # Every job when none is named.
         every = gl(job, "top", "--once", "--interval", "0.2")
@@ -132,7 +148,14 @@ def test_report_and_record_have_cpu_time_and_peak_memory(job: Job) -> None:
     header = next(line for line in report.splitlines() if line.split()[:1] == ["rank"])
     assert header.split()[-3:] == ["cpu", "peak", "mem"], report
     assert "cpu: from the unit's cgroup (cpu.stat)" in report
-    assert "peak mem: from wait4's ru_maxrss" in report  # no memory.peak in the box
+    # memory.peak where the memory controller is (the VM lab), wait4's in the box
+    top = job.box.run(
+        ["cat", "/sys/fs/cgroup/cgroup.subtree_control"], capture_output=True, text=True
+    )
+    if "memory" in top.stdout.split():
+        assert "peak mem: from the unit's cgroup (memory.peak)" in report, report
+    else:
+        assert "peak mem: from wait4's ru_maxrss" in report, report
     status = gl(job, "status", job.id, "--json")
     ranks = json.loads(status.stdout)["ranks"]
     burner, holder = ranks[0]["usage"], ranks[1]["usage"]

@@ -267,6 +267,23 @@ def test_oom_from_memory_events(tmp_path: Path) -> None:
     assert oom_kill(group, 1, signal.SIGTERM, None) is None
 
 
+def test_oom_names_the_limit_of_an_ancestor(tmp_path: Path) -> None:
+    """--job-memory-max: the rank's scope has no memory.max of its own, the job slice has."""
+    from gpulaunch.resources import cgroup as cg
+
+    root = tmp_path / "cg"
+    scope = root / "gpulaunch.slice/job.slice/job-ranks.slice/job-rank0.scope"
+    scope.mkdir(parents=True)
+    (scope / "memory.max").write_text("max\n")
+    (scope.parent / "memory.max").write_text("max\n")
+    (scope.parent.parent / "memory.max").write_text(f"{200 << 20}\n")
+    (root / "gpulaunch.slice/memory.max").write_text(f"{1 << 30}\n")
+    assert cg.memory_limit(scope, root) == 200 << 20
+    assert cg.memory_limit(root / "gpulaunch.slice", root) == 1 << 30
+    assert cg.memory_limit(root, root) is None
+    assert cg.memory_limit(tmp_path / "elsewhere", root) is None
+
+
 def test_a_sigkill_without_oom_kill_events_is_not_oom(tmp_path: Path) -> None:
     _, _, group = fake_tree(tmp_path, [1], memory=True, memory_events="oom 0\noom_kill 0\n")
     log = [KMSG[2].replace("4242", "1")]

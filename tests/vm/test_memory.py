@@ -49,7 +49,7 @@ def test_job_memory_max_names_the_oom_killer(vm: Machine) -> None:
         script_args=("--hog-rank", "0", "--hog-mb", "400"),
     )  # fmt: skip
     assert res.returncode == 137, res.stdout
-    assert f"rank 0 {KILLED}" in res.stdout, res.stdout
+    assert f"rank 0 {KILLED}" in res.stdout and "(limit 200.0 MiB)" in res.stdout, res.stdout
     ranks = {r["rank"]: r for r in job.status_json()["ranks"]}
     assert ranks[0]["oom"]["source"] == "memory.events", ranks[0]
     assert ranks[1]["oom"] is None and ranks[1]["stopped_by_watcher"], ranks[1]

@@ -112,6 +112,9 @@ def main() -> None:
         for _ in range(10_000):
             x += 1
     time.sleep(args.sleep)
+    end = {"cpu_sec": time.process_time(), "maxrss": resource.getrusage(resource.RUSAGE_SELF)[2]}
+    with open(os.path.join(args.dir, f"rank{rank}.end.json"), "w") as f:
+        json.dump(end, f)  # what it used, by its own count (maxrss in KiB)
     del held
 
 
