@@ -18,14 +18,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpulaunch.base.detach import Detached
+from gpulaunch.base.interrupts import ignore_interrupts, install_wakeup
+from gpulaunch.base.protocol import Layout
+from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.debug.options import HangOptions
 from gpulaunch.errors import GpulaunchError, NoSystemdError, UsageError
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.model import JobReport, JobSpec, Manager, SupervisorKind
-from gpulaunch.multinode.protocol import Layout
-from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
 from gpulaunch.report import count, format_report
@@ -33,8 +35,6 @@ from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
-from gpulaunch.watcher.detach import Detached
-from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
 from gpulaunch.watcher.observers import Observer
 
 if TYPE_CHECKING:
@@ -143,8 +143,8 @@ def start(
     # A front end's identity is its watcher's alone, never a rank's (frontend/tether.py).
     front_end = os.environ.pop("GPULAUNCH_FRONTEND", None) if frontend_child else None
     if opts.manager is Manager.USER and systemd_wanted(opts.supervisor, os.environ):
+        from gpulaunch.base.userbus import NO_BUS_LINE, UserManager, find_user_manager
         from gpulaunch.frontend.need import needs_frontend
-        from gpulaunch.frontend.userbus import NO_BUS_LINE, UserManager, find_user_manager
 
         try:
             found: UserManager | None = find_user_manager()
@@ -159,6 +159,7 @@ def start(
 
             spec, units = plan(opts)
             return run_frontend(spec, argv, found, detach, units)
+    from gpulaunch.base.nofile import raise_nofile
     from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
@@ -168,7 +169,6 @@ def start(
     from gpulaunch.watcher.hangwatch import HangWatch
     from gpulaunch.watcher.limits import check_job_fits
     from gpulaunch.watcher.loop import Watcher
-    from gpulaunch.watcher.nofile import raise_nofile
 
     spec, units = plan(opts)
     needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big

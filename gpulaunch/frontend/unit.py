@@ -25,10 +25,10 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.frontend.argv import pack_argv
 from gpulaunch.units.codec import RLIMITS as RLIMITS
 from gpulaunch.units.definitions import LaunchSetup, UnitDefinition
-from gpulaunch.units.names import UnitNames
 
 UNIT_PATH_PREFIX = "/org/freedesktop/systemd1/unit/"
 FRONTEND_NAME_PREFIX = "io.gpulaunch.frontend"

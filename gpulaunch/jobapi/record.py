@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import UnavailableError, UnknownJobError
 from gpulaunch.jobapi import whose
 from gpulaunch.jobapi.view import (
@@ -39,7 +40,6 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause, JobProgress, JobReport, LogDrop, Manager, RankProgress
 from gpulaunch.report import headline
-from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
     import asyncio

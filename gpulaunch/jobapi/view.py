@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.model import (
     Cause,
     JobProgress,
@@ -35,7 +36,6 @@ from gpulaunch.model import (
     RankState,
     RankUsage,
 )
-from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 
 INTERFACE = "io.gpulaunch.Job1"
 NAME_PREFIX = "io.gpulaunch.job"

@@ -20,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulaunch.base.names import UnitNames, validate_job_id
+from gpulaunch.base.protocol import Layout
 from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec, Manager, RankSpec, SupervisorKind
-from gpulaunch.multinode.options import NodeOptions, plan_nodes
-from gpulaunch.multinode.protocol import Layout
 from gpulaunch.plan.environment import RankPlace, rank_environment
 from gpulaunch.plan.gpus import visible_pool
+from gpulaunch.plan.nodes import NodeOptions, plan_nodes
 from gpulaunch.plan.placement import Machine, Resources, check_memory_max, place_ranks
-from gpulaunch.units.names import UnitNames, validate_job_id
 
 
 class Launch(enum.StrEnum):

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.model import JobSpec, SupervisorKind
-from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.units.definitions import JobUnits
 

@@ -108,7 +108,7 @@ def systemd_supervisor(machine: Machine, problem: GpulaunchError | None) -> Verd
 
 def direct_supervisor(machine: Machine, problem: GpulaunchError | None) -> Verdict:
     """direct: the watcher's own cgroups, else process groups (gpulaunch/supervisor/direct.py)."""
-    from gpulaunch.multinode.slurm import resource_manager_step
+    from gpulaunch.base.slurm import resource_manager_step
     from gpulaunch.supervisor.cgroups import writable_cgroup
 
     step = resource_manager_step(machine.env)
@@ -194,7 +194,7 @@ def user_bus(machine: Machine) -> Iterable[Finding]:
     """A user bus (dbus-user-session), else the user manager's private socket (issue 29)."""
     if machine.manager is Manager.SYSTEM:
         return
-    from gpulaunch.frontend.userbus import find_user_manager
+    from gpulaunch.base.userbus import find_user_manager
 
     try:
         found = find_user_manager(dict(machine.env), machine.uid)

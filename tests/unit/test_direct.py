@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.cli import _notice
 from gpulaunch.jobapi import filerecord
 from gpulaunch.jobapi.view import JobState, JobView, RankView
-from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.supervisor.pgroups import descendants
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.base.names import UnitNames
+from gpulaunch.base.userbus import UserManager, find_user_manager, socket_problem
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.frontend.need import needs_frontend, own_cgroup
 from gpulaunch.frontend.unit import (
@@ -16,9 +18,7 @@ from gpulaunch.frontend.unit import (
     unit_object_path,
     watcher_argv,
 )
-from gpulaunch.frontend.userbus import UserManager, find_user_manager, socket_problem
 from gpulaunch.model import Manager
-from gpulaunch.units.names import UnitNames
 
 
 @pytest.mark.parametrize(

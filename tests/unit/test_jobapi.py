@@ -16,6 +16,7 @@ from dbus_fast import Variant
 from dbus_fast.introspection import Node
 from dbus_fast.validators import is_bus_name_valid, is_object_path_valid
 
+from gpulaunch.base.detach import Detached, tail_overlap
 from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.interface import (
@@ -38,7 +39,6 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.watcher.detach import Detached, tail_overlap
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from gpulaunch import cli
+from gpulaunch.base.protocol import Backend, Layout, NodeConfig, NodeInfo
 from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec
-from gpulaunch.multinode.options import (
+from gpulaunch.plan.nodes import (
     C10D_PORT,
     LOCALHOST,
     STATIC_PORT,
@@ -29,7 +30,6 @@ from gpulaunch.multinode.options import (
     plan_nodes,
     split_endpoint,
 )
-from gpulaunch.multinode.protocol import Backend, Layout, NodeConfig, NodeInfo
 from gpulaunch.plan.placement import Machine
 from gpulaunch.plan.spec import StartOptions, make_spec
 from tests.unit.test_placement import Untouchable

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from gpulaunch.base import cgroup as cg
+from gpulaunch.jobapi.targets import targets
 from gpulaunch.jobapi.view import JobState, JobView, RankView
 from gpulaunch.model import (
     Cause,
@@ -23,8 +25,15 @@ from gpulaunch.model import (
     format_bytes,
 )
 from gpulaunch.report import format_report, headline
-from gpulaunch.resources import cgroup as cg
-from gpulaunch.resources.final import (
+from gpulaunch.resources.nvml import Gpus, open_gpus
+from gpulaunch.resources.sample import (
+    SHARED_CGROUP,
+    RankTarget,
+    Sampler,
+    nested_pid_namespace,
+)
+from gpulaunch.resources.view import render
+from gpulaunch.watcher.final import (
     CPU_FROM_CGROUP,
     CPU_FROM_WAIT4,
     FROM_EVENTS,
@@ -34,15 +43,6 @@ from gpulaunch.resources.final import (
     oom_kill,
     usage,
 )
-from gpulaunch.resources.nvml import Gpus, open_gpus
-from gpulaunch.resources.sample import (
-    SHARED_CGROUP,
-    RankTarget,
-    Sampler,
-    nested_pid_namespace,
-    targets,
-)
-from gpulaunch.resources.view import render
 
 GiB = 1 << 30
 UNIT = "gpulaunch-j-rank0.scope"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import JobExistsError, SystemdError, UnavailableError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
 from gpulaunch.supervisor.anchor import anchor_name
@@ -24,7 +25,6 @@ from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.supervisor.systemd_api import JobDone, JobEvent, JobQueued, UnitState
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
-from gpulaunch.units.names import UnitNames
 from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
 from gpulaunch.watcher.settle import LEFTOVER_S, Settle
