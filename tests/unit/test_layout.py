@@ -86,3 +86,12 @@ def test_no_module_is_loaded_by_a_name_in_a_string() -> None:
 def test_the_folders_form_no_cycle() -> None:
     """The layers themselves are pyproject.toml's import-linter contract (scripts/test.sh)."""
     assert modmap.cycles(modmap.folder_graph(modmap.graph())) == []
+
+
+def test_start_reads_on_one_screen() -> None:
+    """start.py's `start()` conducts named phases (enter, plan, contain, run, report)."""
+    import ast
+
+    tree = ast.parse((ROOT / "gpulaunch" / "start.py").read_text())
+    (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "start"]
+    assert func.end_lineno is not None and func.end_lineno - func.lineno + 1 <= 50
