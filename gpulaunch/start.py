@@ -350,9 +350,6 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
             pyspy=job.pyspy,
         )
 
-    def complete(report: JobReport) -> JobReport:
-        return _report(report, spec, output, watcher, started, contained.journal)
-
     watcher = Watcher(
         spec,
         contained.chosen.supervisor,
@@ -363,9 +360,13 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
         journal=contained.journal,
         peer=job.peer,
         hang=hang,
-        finish=complete,
     )
-    contained.publisher.signal_ranks = watcher.signal_ranks
+    contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
+
+    def complete(report: JobReport) -> JobReport:
+        return _report(report, spec, output, watcher, started, contained.journal)
+
+    watcher.finish = complete
     return watcher.run()
 
 

@@ -68,14 +68,8 @@ from gpulaunch.jobapi.interface import (
     UNANNOUNCED,
     interface_xml,
 )
-from gpulaunch.jobapi.view import (
-    INTERFACE,
-    JobView,
-    RankView,
-    bus_name,
-    bus_title,
-    object_path,
-)
+from gpulaunch.jobapi.rankview import RankView
+from gpulaunch.jobapi.view import INTERFACE, JobView, bus_name, bus_title, object_path
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"

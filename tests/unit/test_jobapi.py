@@ -26,12 +26,12 @@ from gpulaunch.jobapi.interface import (
     interface_xml,
     packaging_dir,
 )
+from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.record import Recorder
 from gpulaunch.jobapi.view import (
     INTERFACE,
     JobState,
     JobView,
-    RankView,
     bus_label,
     bus_name,
     is_job_name,

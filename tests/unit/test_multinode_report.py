@@ -15,8 +15,9 @@ from dbus_fast.introspection import Node
 from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.interface import interface_xml
+from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.record import Recorder
-from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView, RankView
+from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView
 from gpulaunch.model import (
     Cause,
     JobProgress,

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from gpulaunch.base import cgroup as cg
+from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.targets import targets
-from gpulaunch.jobapi.view import JobState, JobView, RankView
+from gpulaunch.jobapi.view import JobState, JobView
 from gpulaunch.model import (
     Cause,
     JobReport,
@@ -339,7 +340,7 @@ def test_the_report_names_the_oom_kill_and_shows_usage() -> None:
 
 
 def test_the_record_keeps_usage_and_oom() -> None:
-    from gpulaunch.jobapi.view import ranks_json
+    from gpulaunch.jobapi.rankview import ranks_json
 
     report = oom_report()
     view = RankView(1, 1, "u", 11, "exited", -1, 9, False, 137, 60.0,
