@@ -8,6 +8,7 @@ to a live systemd.
 from __future__ import annotations
 
 import enum
+import math
 import os
 import pwd
 import re
@@ -20,6 +21,7 @@ from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.journal import rate_limit_settings
 from gpulaunch.model import Manager
 from gpulaunch.system.files import BUS_POLICY, FIX, Piece
+from gpulaunch.units import values
 
 
 class Status(enum.StrEnum):
@@ -243,20 +245,16 @@ def bus_policy(machine: Machine) -> Iterable[Finding]:
 
 CHATTY_RANKS = 4
 CHATTY_RATE = 10_000  # lines per second per rank
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 def parse_timespan(text: str) -> float | None:
-    """Seconds of a systemd time span such as 30s, 1min 30s, 500ms (systemd.time(7))."""
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text.strip())
-    if not parts or re.sub(r"[\d.\sa-z]", "", text.strip()):
+    """Seconds of a systemd time span (30s, 1min 30s, 1d, 2hr: units/values.py's parser,
+    systemd's own rules); None where systemd would not read it either; infinity is inf."""
+    try:
+        usec = values.parse_timespan(text)
+    except values.InvalidValue:
         return None
-    total = 0.0
-    for number, unit in parts:
-        if unit not in _UNITS and unit != "":
-            return None
-        total += float(number) * _UNITS.get(unit, 1.0)
-    return total
+    return math.inf if usec == values.INFINITY else usec / values.USEC_PER_SEC
 
 
 def modulated_burst(burst: int, available: int) -> int:

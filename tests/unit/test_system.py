@@ -87,7 +87,20 @@ def test_setup_on_the_machine_needs_root() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30s", 30.0), ("30", 30.0), ("1min 30s", 90.0), ("500ms", 0.5), ("0", 0.0), ("x", None)],
+    [
+        ("30s", 30.0),
+        ("30", 30.0),
+        ("1min 30s", 90.0),
+        ("500ms", 0.5),
+        ("0", 0.0),
+        ("x", None),
+        # the doctor once called these "unreadable" (its own parser knew no days or hr)
+        ("1d", 86400.0),
+        ("2hr", 7200.0),
+        ("1h 30min", 5400.0),
+        ("infinity", float("inf")),
+        ("-5s", None),
+    ],
 )
 def test_parse_timespan(text: str, seconds: float | None) -> None:
     assert checks.parse_timespan(text) == seconds
