@@ -392,13 +392,12 @@ def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:
     if not front_end:
         return ()
     from gpulaunch.frontend.tether import FrontEndTether
-    from gpulaunch.frontend.unit import service_name
 
     def stop_service() -> None:
         from gpulaunch.supervisor.systemd_api import Systemd
 
         with Systemd(Manager.USER) as systemd:
-            systemd.stop_unit(service_name(spec.names))
+            systemd.stop_unit(spec.names.launch_service)
 
     return (FrontEndTether(front_end, stop_service),)
 

@@ -42,6 +42,7 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 from dbus_fast.errors import AuthError, InvalidAddressError
 
 from gpulaunch.base.detach import STARTED, tail_overlap
+from gpulaunch.base.names import unit_object_path
 from gpulaunch.base.userbus import LINGER_HINT, UserManager
 from gpulaunch.errors import (
     AccessDeniedError,
@@ -60,9 +61,7 @@ from gpulaunch.frontend.unit import (
     exit_status,
     frontend_bus_name,
     launch_setup,
-    service_name,
     service_properties,
-    unit_object_path,
     watcher_argv,
 )
 from gpulaunch.jobapi import record
@@ -106,7 +105,7 @@ class _FrontEnd:
     ) -> None:
         self.spec = spec
         self.units = units
-        self.service = service_name(spec.names)
+        self.service = spec.names.launch_service
         self.path = unit_object_path(self.service)
         self.address = manager.address
         self.peer = manager.peer  # the manager's private socket: no bus names (tie.py)

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulaunch.base.names import NAME_PREFIX as NAME_PREFIX  # the names' home: base/names.py
+from gpulaunch.base.names import PATH_PREFIX as PATH_PREFIX
+from gpulaunch.base.names import bus_label as bus_label
+from gpulaunch.base.names import bus_name as bus_name
+from gpulaunch.base.names import is_job_name as is_job_name
+from gpulaunch.base.names import object_path as object_path
 from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.jobapi.rankview import (
     RANK_END_SIGNATURE,
@@ -39,49 +43,6 @@ from gpulaunch.model import (
 )
 
 INTERFACE = "io.gpulaunch.Job1"
-NAME_PREFIX = "io.gpulaunch.job"
-PATH_PREFIX = "/io/gpulaunch/job"
-
-_BUS_NAME_MAX = 255
-_LABEL_MAX = _BUS_NAME_MAX - len(NAME_PREFIX) - 1
-_PLAIN = re.compile(rb"[A-Za-z0-9]")
-
-# The D-Bus type of one rank entry: the `Ranks` property, the `Finished` signal.
-
-
-def bus_label(job: str) -> str:
-    """Escape a job id into one bus-name element / object-path element."""
-    raw = job.encode("utf-8", "surrogateescape")
-    out = []
-    for i, byte in enumerate(raw):
-        char = bytes([byte])
-        if _PLAIN.fullmatch(char) and not (i == 0 and char.isdigit()):
-            out.append(char.decode())
-        else:
-            out.append(f"_{byte:02x}")
-    label = "".join(out) or "_"
-    if len(label) > _LABEL_MAX:
-        digest = hashlib.sha256(raw).hexdigest()[:32]
-        head = label[: _LABEL_MAX - len(digest) - 2]
-        cut = head.rfind("_")
-        if cut >= len(head) - 2:  # never cut an escape in half
-            head = head[:cut]
-        label = f"{head}_h{digest}"
-    return label
-
-
-def bus_name(job: str) -> str:
-    """The well-known name a job's watcher owns: `io.gpulaunch.job.<label>`."""
-    return f"{NAME_PREFIX}.{bus_label(job)}"
-
-
-def object_path(job: str) -> str:
-    """The job's object: `/io/gpulaunch/job/<label>`."""
-    return f"{PATH_PREFIX}/{bus_label(job)}"
-
-
-def is_job_name(name: str) -> bool:
-    return name.startswith(NAME_PREFIX + ".")
 
 
 def bus_title(manager: Manager) -> str:
