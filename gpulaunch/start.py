@@ -318,7 +318,7 @@ def _contain(
             detached.started()
 
     publisher = JobPublisher(
-        warn=(lambda _: None) if entry.no_bus else None,  # the no-bus line said it
+        warn=(lambda _: None) if entry.no_bus else warn,  # the no-bus line said it
         last_output=output.last_line_at,
         optional=unpublished,
     )
@@ -327,7 +327,7 @@ def _contain(
     observers = (
         *_tether(entry.front_end, spec),  # first: a front end gone before it began
         *((FileRecorder(warn),) if unpublished else ()),
-        Recorder(warn=(lambda _: None) if unpublished else None),  # the file has it then
+        Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
     )
     return _Contained(chosen, observers, publisher, journal_problem is None, announce)

@@ -83,7 +83,7 @@ def _systemd(
         "a scope; watcher SIGKILLed → systemd stops every rank (BindsTo=); daemonised "
         "grandchildren stopped with their rank's scope"
     )
-    return Chosen(SystemdSupervisor(systemd, units), line, spec.names.job_slice)
+    return Chosen(SystemdSupervisor(systemd, units, warn), line, spec.names.job_slice)
 
 
 def _direct(spec: JobSpec, stack: ExitStack, why: str, warn: Callable[[str], None]) -> Chosen:
