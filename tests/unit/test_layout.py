@@ -96,3 +96,24 @@ def test_start_reads_on_one_screen() -> None:
     tree = ast.parse((ROOT / "gpulaunch" / "start.py").read_text())
     (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "start"]
     assert func.end_lineno is not None and func.end_lineno - func.lineno + 1 <= 50
+
+
+def _importers(package: str) -> set[str]:
+    import ast
+
+    found = set()
+    for name, path in modmap.modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(
+                a.name.split(".")[0] == package for a in node.names
+            ):
+                found.add(name)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == package:
+                found.add(name)
+    return found
+
+
+def test_each_dbus_client_has_its_job() -> None:
+    """pystemd: the watcher's systemd calls; dbus-fast: the job API, the front end, setup."""
+    assert _importers("pystemd") == {"gpulaunch.supervisor.systemd_api"}
+    assert {m.split(".")[1] for m in _importers("dbus_fast")} <= {"jobapi", "frontend", "system"}
