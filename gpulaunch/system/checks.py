@@ -247,7 +247,7 @@ CHATTY_RANKS = 4
 CHATTY_RATE = 10_000  # lines per second per rank
 
 
-def parse_timespan(text: str) -> float | None:
+def timespan_seconds(text: str) -> float | None:
     """Seconds of a systemd time span (30s, 1min 30s, 1d, 2hr: units/values.py's parser,
     systemd's own rules); None where systemd would not read it either; infinity is inf."""
     try:
@@ -279,7 +279,7 @@ def journal_space(machine: Machine) -> int | None:
 
 def journald(machine: Machine) -> Iterable[Finding]:
     burst, interval_text = rate_limit_settings(machine.root)
-    interval = parse_timespan(interval_text)
+    interval = timespan_seconds(interval_text)
     if burst == 0 or interval == 0:
         yield Finding("journald", "rate limit", Status.OK, "off: journald keeps every line")
         return

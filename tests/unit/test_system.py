@@ -102,8 +102,8 @@ def test_setup_on_the_machine_needs_root() -> None:
         ("-5s", None),
     ],
 )
-def test_parse_timespan(text: str, seconds: float | None) -> None:
-    assert checks.parse_timespan(text) == seconds
+def test_timespan_seconds(text: str, seconds: float | None) -> None:
+    assert checks.timespan_seconds(text) == seconds
 
 
 @pytest.mark.parametrize(
