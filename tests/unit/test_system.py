@@ -129,6 +129,17 @@ def test_journald_with_the_drop_in_keeps_everything(tmp_path: Path) -> None:
     assert finding.status is Status.OK and "keeps 100.0%" in finding.detail
 
 
+@pytest.mark.parametrize("interval", ["1d", "2hr"])
+def test_the_doctor_reads_journald_intervals_as_systemd_does(interval: str, tmp_path: Path) -> None:
+    """Once "unreadable": the doctor's own parser knew no days and no `hr`."""
+    write(
+        tmp_path / "etc/systemd/journald.conf.d/x.conf",
+        f"[Journal]\nRateLimitIntervalSec={interval}\nRateLimitBurst=5\n",
+    )
+    (finding,) = checks.journald(machine(tmp_path))
+    assert "unreadable" not in finding.detail and "5 lines per" in finding.detail, finding.detail
+
+
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
