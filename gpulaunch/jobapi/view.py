@@ -26,13 +26,13 @@ from gpulaunch.base.names import bus_name as bus_name
 from gpulaunch.base.names import is_job_name as is_job_name
 from gpulaunch.base.names import object_path as object_path
 from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
-from gpulaunch.jobapi.rankview import (
-    RANK_END_SIGNATURE,
-    RANK_SIGNATURE,
-    RankView,
-    ranks_json,
-    with_ends,
+from gpulaunch.jobapi.rankview import (  # RankView's home; also importable from here
+    RANK_END_SIGNATURE as RANK_END_SIGNATURE,
 )
+from gpulaunch.jobapi.rankview import RANK_SIGNATURE as RANK_SIGNATURE
+from gpulaunch.jobapi.rankview import RankView as RankView
+from gpulaunch.jobapi.rankview import ranks_json as ranks_json
+from gpulaunch.jobapi.rankview import with_ends
 from gpulaunch.model import (
     Cause,
     JobProgress,
