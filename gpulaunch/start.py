@@ -163,12 +163,11 @@ def start(
     # job exists (a multi-node job's peer too) where the direct supervisor is sure or no
     # systemd booted this machine; else once it is chosen (_contain).
     keeper = _fork_keeper(job.spec) if _direct_likely(opts.supervisor) else None
-    # detached: nobody watches the terminal; the journal and --log-dir still get everything
-    output = Output(replace(view, quiet=view.quiet or detach), job.spec.world_size)
+    output, journal = _open_output(view, detach, job.spec)
     wakeup = install_wakeup()
     with ExitStack() as stack:
         job = _join(job, output, wakeup, stack)
-        contained = _contain(opts, job, entry, keeper, output, detached, stack)
+        contained = _contain(opts, job, entry, keeper, output, journal, detached, stack)
         try:
             report = _run(job, contained, output, wakeup)
         finally:
@@ -214,8 +213,7 @@ def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _En
 
 @dataclass(frozen=True)
 class _Job:
-    """The plan: the job (a multi-node job's ranks numbered once the nodes met) and what
-    its watcher needs before anything starts."""
+    """The plan: the job (a multi-node job's ranks numbered once the nodes met) and more."""
 
     draft: JobDraft
     spec: JobSpec
@@ -241,6 +239,21 @@ def _plan(opts: StartOptions, view: OutputOptions, hang: HangOptions) -> _Job:
     stacks_dir = view.log_dir or runtime_base(spec.manager) / "gpulaunch"
     stacks = stacks_dir / f"{spec.names.component}.stacks.txt"
     return _Job(draft, spec, units, hang, stacks, find_pyspy())
+
+
+def _open_output(view: OutputOptions, detach: bool, spec: JobSpec) -> tuple[Output, bool]:
+    """The terminal's owner; whether journald is reachable (the report counts its drops)."""
+    from gpulaunch.logs.pump import journal_reachable
+
+    # detached: nobody watches the terminal; the journal and --log-dir still get everything
+    output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
+    problem = journal_reachable()
+    if problem:
+        output.message(
+            f"gpulaunch: warning: journald is not reachable ({problem}); "
+            "rank output goes to the terminal and --log-dir only"
+        )
+    return output, problem is None
 
 
 def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
@@ -280,24 +293,18 @@ def _contain(
     entry: _Entry,
     keeper: KeeperLink | None,
     output: Output,
+    journal: bool,
     detached: Detached | None,
     stack: ExitStack,
 ) -> _Contained:
     from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
-    from gpulaunch.logs.pump import journal_reachable
     from gpulaunch.supervisor.choose import open_supervisor
 
     def warn(text: str) -> None:
         output.message(f"gpulaunch: warning: {text}")
 
-    journal_problem = journal_reachable()
-    if journal_problem:
-        warn(
-            f"journald is not reachable ({journal_problem}); "
-            "rank output goes to the terminal and --log-dir only"
-        )
     spec = job.spec
     chosen = open_supervisor(opts.supervisor, spec, job.units, os.environ, stack, warn)
     direct = chosen.supervisor.name == "direct"
@@ -330,7 +337,7 @@ def _contain(
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
     )
-    return _Contained(chosen, observers, publisher, journal_problem is None, announce)
+    return _Contained(chosen, observers, publisher, journal, announce)
 
 
 def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobReport:
