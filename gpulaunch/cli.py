@@ -10,11 +10,12 @@ import os
 import select
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from gpulaunch import __version__
+from gpulaunch.base.argtext import not_utf8, printable
 from gpulaunch.debug.options import HangOptions, add_hang_options
 from gpulaunch.errors import GpulaunchError, UsageError
 from gpulaunch.frontend.argv import unpack_argv
@@ -27,7 +28,6 @@ from gpulaunch.options import (
     output_options,
     start_options,
 )
-from gpulaunch.plan.argtext import not_utf8, printable
 
 INTERNAL_ERROR = 70
 
@@ -65,7 +65,7 @@ def _add_job_commands(sub: Any) -> None:
     )
     add_manager_options(p, user_of=True)
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
-    p.set_defaults(func=_command("jobapi.commands", "cmd_list"))
+    p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("status", help="a job's ranks and states, or its final report")
     p.add_argument("job", metavar="JOB")
@@ -77,7 +77,7 @@ def _add_job_commands(sub: Any) -> None:
         help="a running job: also each rank's CPU, memory, processes, GPU and last output "
         "(measured over 1 s)",
     )
-    p.set_defaults(func=_command("jobapi.commands", "cmd_status"))
+    p.set_defaults(func=_cmd_status)
     p = sub.add_parser("top", help="running jobs' ranks live: CPU, memory, GPU, last output")
     p.add_argument("job", metavar="JOB", nargs="?", help="only this job (default: every job)")
     p.add_argument(
@@ -91,7 +91,7 @@ def _add_job_commands(sub: Any) -> None:
         "--once", action="store_true", help="print one table and exit (so does a non-terminal)"
     )
     add_manager_options(p, user_of=True)
-    p.set_defaults(func=_command("resources.top", "cmd_top"))
+    p.set_defaults(func=_cmd_top)
 
     p = sub.add_parser("stop", help="stop a job gracefully (its owner or root)")
     p.add_argument("job", metavar="JOB")
@@ -99,12 +99,12 @@ def _add_job_commands(sub: Any) -> None:
         "--no-block", action="store_true", help="return once the stop was accepted, do not wait"
     )
     add_manager_options(p, user_of=True)
-    p.set_defaults(func=_command("jobapi.commands", "cmd_stop"))
+    p.set_defaults(func=_cmd_stop)
 
     p = sub.add_parser("wait", help="wait until a job ends; exit with its status")
     p.add_argument("job", metavar="JOB")
     add_manager_options(p, user_of=True)
-    p.set_defaults(func=_command("jobapi.commands", "cmd_wait"))
+    p.set_defaults(func=_cmd_wait)
 
     p = sub.add_parser(
         "signal", help="pass SIGUSR1 or SIGUSR2 on to a job's ranks; the job goes on"
@@ -113,7 +113,7 @@ def _add_job_commands(sub: Any) -> None:
     p.add_argument("signal", type=_notice, metavar="SIG", help="USR1 or USR2 (SIGUSR1, 10, ...)")
     p.add_argument("--rank", type=_rank_number, metavar="N", help="only this (global) rank")
     add_manager_options(p, user_of=True)
-    p.set_defaults(func=_command("jobapi.commands", "cmd_signal"))
+    p.set_defaults(func=_cmd_signal)
 
     p = sub.add_parser("logs", help="show a job's rank output from the journal")
     p.add_argument("job", help="the job id")
@@ -130,7 +130,7 @@ def _add_job_commands(sub: Any) -> None:
         "-n", "--lines", type=int, metavar="N", help="only the last N lines (default: all)"
     )
     add_manager_options(p, "logs")
-    p.set_defaults(func=_command("logs.command", "cmd_logs"))
+    p.set_defaults(func=_cmd_logs)
 
 
 def _notice(text: str) -> int:
@@ -197,7 +197,7 @@ def _add_system_commands(sub: Any) -> None:
         metavar="DIR",
         help="install under DIR instead of / (an image, a package); reloads nothing",
     )
-    p.set_defaults(func=_command("system.setup", "cmd_setup"))
+    p.set_defaults(func=_cmd_setup)
 
     p = sub.add_parser(
         "doctor",
@@ -208,29 +208,78 @@ def _add_system_commands(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     add_manager_options(p, "check for jobs")
-    p.set_defaults(func=_command("system.doctor", "cmd_doctor"))
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("stacks", help="every running rank's Python stacks, all threads (py-spy)")
     p.add_argument("job", metavar="JOB")
     p.add_argument("--rank", type=_rank_number, metavar="N", help="only this rank")
     p.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy --native)")
     add_manager_options(p)
-    p.set_defaults(func=_command("debug.command", "cmd_stacks"))
+    p.set_defaults(func=_cmd_stacks)
 
 
-Command = Callable[[argparse.Namespace], int]
+# Each subcommand's function, imported only when it runs (each loads what it needs). Real
+# imports, not names in strings, so that the layer contract (`lint-imports`) sees them.
 
 
-def _command(module: str, name: str) -> Command:
-    """A subcommand's function, imported only when it runs (each loads what it needs)."""
+def _cmd_list(args: argparse.Namespace) -> int:
+    from gpulaunch.jobapi.commands import cmd_list
 
-    def run(args: argparse.Namespace) -> int:
-        import importlib
+    return cmd_list(args)
 
-        func: Command = getattr(importlib.import_module(f"gpulaunch.{module}"), name)
-        return func(args)
 
-    return run
+def _cmd_status(args: argparse.Namespace) -> int:
+    from gpulaunch.jobapi.commands import cmd_status
+
+    return cmd_status(args)
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    from gpulaunch.jobapi.top import cmd_top
+
+    return cmd_top(args)
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from gpulaunch.jobapi.commands import cmd_stop
+
+    return cmd_stop(args)
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    from gpulaunch.jobapi.commands import cmd_wait
+
+    return cmd_wait(args)
+
+
+def _cmd_signal(args: argparse.Namespace) -> int:
+    from gpulaunch.jobapi.commands import cmd_signal
+
+    return cmd_signal(args)
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from gpulaunch.logs.command import cmd_logs
+
+    return cmd_logs(args)
+
+
+def _cmd_setup(args: argparse.Namespace) -> int:
+    from gpulaunch.system.setup import cmd_setup
+
+    return cmd_setup(args)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from gpulaunch.system.doctor import cmd_doctor
+
+    return cmd_doctor(args)
+
+
+def _cmd_stacks(args: argparse.Namespace) -> int:
+    from gpulaunch.debug.command import cmd_stacks
+
+    return cmd_stacks(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,7 +335,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     )
 
 
-# The script and its arguments may be any bytes (gpulaunch/plan/argtext.py); `argv` is ours.
+# The script and its arguments may be any bytes (gpulaunch/base/argtext.py); `argv` is ours.
 _ANY_BYTES = frozenset({"script", "args", "argv"})
 
 

@@ -10,8 +10,8 @@ import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from gpulaunch.multinode.protocol import Layout, NodeConfig, NodeFailure
-from gpulaunch.units.names import UnitNames
+from gpulaunch.base.names import UnitNames
+from gpulaunch.base.protocol import Layout, NodeConfig, NodeFailure
 
 
 class Manager(enum.StrEnum):
@@ -152,7 +152,7 @@ class OomKill:
 
 @dataclass(frozen=True)
 class RankUsage:
-    """What a rank used over its life, read when it ended (gpulaunch/resources/final.py).
+    """What a rank used over its life, read when it ended (gpulaunch/watcher/final.py).
 
     Each number is None where it could not be had; `*_source` says where it
     came from (the report prints them once).

@@ -14,10 +14,10 @@ from pathlib import Path
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
 from gpulaunch.model import Manager, SupervisorKind
-from gpulaunch.multinode.options import NodeOptions
 from gpulaunch.numberlist import parse_number_list
 from gpulaunch.plan.bounds import MAX_NNODES, MAX_NPROC, MAX_RESTARTS
 from gpulaunch.plan.gpus import parse_gpu_list
+from gpulaunch.plan.nodes import NodeOptions
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpulaunch.base.protocol import Layout
 from gpulaunch.model import (
     Cause,
     JobReport,
@@ -13,7 +14,6 @@ from gpulaunch.model import (
     format_duration,
     signal_name,
 )
-from gpulaunch.multinode.protocol import Layout
 
 # Installs packaging/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
 JOURNALD_FIX = "sudo gpulaunch setup --journald --restart-journald"
@@ -87,7 +87,7 @@ def _usage_cells(usage: RankUsage | None) -> tuple[str, str, str]:
 
 
 def usage_sources(report: JobReport) -> list[str]:
-    """Where the usage columns come from, once (gpulaunch/resources/final.py)."""
+    """Where the usage columns come from, once (gpulaunch/watcher/final.py)."""
     usages = [r.exit.usage for r in report.ranks if r.exit and r.exit.usage]
     cpu = sorted({u.cpu_source for u in usages if u.cpu_source})
     peak = sorted({u.peak_source for u in usages if u.peak_source})

@@ -12,51 +12,53 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpulaunch.base.detach import Detached
+from gpulaunch.base.interrupts import ignore_interrupts, install_wakeup
+from gpulaunch.base.protocol import Layout
+from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.debug.options import HangOptions
-from gpulaunch.errors import GpulaunchError, NoSystemdError, UsageError
+from gpulaunch.errors import GpulaunchError, NoSystemdError
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.model import JobReport, JobSpec, Manager, SupervisorKind
-from gpulaunch.multinode.protocol import Layout
-from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.plan.environment import omp_default_applies
-from gpulaunch.plan.spec import StartOptions, default_environment, make_spec
+from gpulaunch.plan.spec import (
+    JobDraft,
+    StartOptions,
+    default_environment,
+    draft_job,
+    make_spec,
+    number_ranks,
+    working_directory,
+)
 from gpulaunch.report import count, format_report
 from gpulaunch.resources.controllers import unenforced
 from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
-from gpulaunch.watcher.detach import Detached
-from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
+from gpulaunch.watcher.limits import check_job_fits
 from gpulaunch.watcher.observers import Observer
 
 if TYPE_CHECKING:
+    from gpulaunch.base.userbus import UserManager
+    from gpulaunch.jobapi.publisher import JobPublisher
+    from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.keeper import KeeperLink
+    from gpulaunch.watcher.loop import Watcher
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
     """The job and its units, decided before anything starts (bad input fails here)."""
     spec = make_spec(opts, default_environment(), working_directory(), layout=layout)
     return spec, render_units(spec, Templates(opts.units_dirs))
-
-
-def working_directory() -> str:
-    """The directory the ranks start in: ours, which must still exist."""
-    try:
-        return os.getcwd()
-    except OSError as exc:  # deleted (ENOENT), or no longer reachable (EACCES)
-        raise UsageError(
-            f"cannot start in this working directory: {exc.strerror} (was it deleted?)",
-            "cd to a directory that exists and start again",
-        ) from None
 
 
 def render(opts: StartOptions, argv: Sequence[str] = ()) -> int:
@@ -129,161 +131,258 @@ def start(
 ) -> int:
     """`gpulaunch start`: run the job to its end; returns its status.
 
-    `argv`: the command line as typed, for the front end (gpulaunch/frontend/),
-    which runs it again as a service of the user manager where that manager cannot
-    adopt us (`frontend_child` there).
+    The phases, each owning what it makes: enter (where the watcher runs), plan (the job,
+    once), contain (supervisor and observers), run (the watcher), report (complete before
+    any observer hears `finished`, printed last).
+    `argv`: the command line as typed, for the front end (gpulaunch/frontend/), which runs
+    it again as a service of the user manager where that manager cannot adopt us
+    (`frontend_child` there).
     """
-    from gpulaunch.watcher.errorfile import runtime_base, runtime_dir
+    entry = _enter(opts, view, frontend_child)
+    if entry.frontend is not None:
+        from gpulaunch.frontend.run import run_frontend
 
-    runtime_dir(runtime_base(opts.manager))  # where error files go: one line now if unusable
-    if isinstance(opts.nproc, int):  # too many ranks for the open-file limit: at once (exit 2)
-        from gpulaunch.watcher.limits import check_job_fits
-
-        check_job_fits(opts.nproc, log_dir=view.log_dir is not None)
-    no_bus = ""  # why the job API is not on D-Bus: a user manager without a user bus
-    # A front end's identity is its watcher's alone, never a rank's (frontend/tether.py).
-    front_end = os.environ.pop("GPULAUNCH_FRONTEND", None) if frontend_child else None
-    if opts.manager is Manager.USER and systemd_wanted(opts.supervisor, os.environ):
-        from gpulaunch.frontend.need import needs_frontend
-        from gpulaunch.frontend.userbus import NO_BUS_LINE, UserManager, find_user_manager
-
-        try:
-            found: UserManager | None = find_user_manager()
-        except NoSystemdError:
-            if opts.supervisor is SupervisorKind.SYSTEMD:
-                raise
-            found = None  # auto: the direct supervisor (supervisor/choose.py says why)
-        if found is not None and found.peer:
-            no_bus = NO_BUS_LINE.format(why=found.no_bus)
-        if found is not None and not frontend_child and needs_frontend(opts.manager):
-            from gpulaunch.frontend.run import run_frontend
-
-            spec, units = plan(opts)
-            return run_frontend(spec, argv, found, detach, units)
-    from gpulaunch.jobapi.filerecord import FileRecorder
-    from gpulaunch.jobapi.publisher import JobPublisher
-    from gpulaunch.jobapi.record import Recorder
-    from gpulaunch.logs.pump import journal_reachable
-    from gpulaunch.multinode.peerlink import PeerLink
-    from gpulaunch.supervisor.choose import open_supervisor
-    from gpulaunch.watcher.hangwatch import HangWatch
-    from gpulaunch.watcher.limits import check_job_fits
-    from gpulaunch.watcher.loop import Watcher
-    from gpulaunch.watcher.nofile import raise_nofile
-
-    spec, units = plan(opts)
-    needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big
-    raise_nofile(needs.fds)
-    hang = None
-    hang_options = hang_options or HangOptions()
-    if hang_options.hang_timeout is not None or hang_options.dump_stacks:
-        stacks_dir = view.log_dir or runtime_base(spec.manager) / "gpulaunch"
-        hang = HangWatch(  # finds py-spy now: one line, before anything starts, if it is missing
-            hang_options.hang_timeout,
-            hang_options.dump_stacks,
-            time.monotonic,
-            lambda: output.last_data_at,
-            stacks_dir / f"{spec.names.component}.stacks.txt",
-        )
-    if frontend_child:  # already detached: the front end reads our stderr
-        detached = Detached(0, None) if detach else None
-    else:
-        detached = Detached.fork() if detach else None
+        spec, units = plan(opts)
+        return run_frontend(spec, argv, entry.frontend, detach, units)
+    job = _plan(opts, view, hang_options or HangOptions())
+    detached = Detached(0, None) if detach and frontend_child else None  # the front end reads
+    if detach and not frontend_child:  # our stderr when it started us; else we fork here
+        detached = Detached.fork()
     if detached is not None and detached.is_parent:
-        return detached.wait_started(spec.job)  # the child runs the watcher
+        return detached.wait_started(job.spec.job)  # the child runs the watcher
     # The direct supervisor's keeper (supervisor/keeper.py): forked before anything of the
     # job exists (a multi-node job's peer too) where the direct supervisor is sure or no
-    # systemd booted this machine; else once it is chosen (below).
-    keeper = _fork_keeper(spec) if _direct_likely(opts.supervisor) else None
-    # detached: nobody watches the terminal; the journal and --log-dir still get everything
-    output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
-    journal_problem = journal_reachable()
-    if journal_problem:
-        output.message(
-            f"gpulaunch: warning: journald is not reachable ({journal_problem}); "
-            "rank output goes to the terminal and --log-dir only"
-        )
+    # systemd booted this machine; else once it is chosen (_contain).
+    keeper = _fork_keeper(job.spec) if _direct_likely(opts.supervisor) else None
+    output, journal = _open_output(view, detach, job.spec)
     wakeup = install_wakeup()
     with ExitStack() as stack:
-        peer = None
-        if spec.node_config is not None:
-            peer = PeerLink.spawn(spec.node_config)
-            stack.callback(peer.close)
-            cfg = spec.node_config
-            output.message(
-                f"gpulaunch: job {spec.job}: waiting for {cfg.nnodes} nodes at {cfg.endpoint} "
-                f"({cfg.backend} rendezvous)"
-            )
-            spec, units = plan(opts, layout=peer.join(wakeup))
-            assert spec.layout is not None
-            output.place_node(spec.layout.first_rank, spec.world_size)
-
-        def warn(text: str) -> None:
-            output.message(f"gpulaunch: warning: {text}")
-
-        chosen = open_supervisor(opts.supervisor, spec, units, os.environ, stack, warn)
-        direct = chosen.supervisor.name == "direct"
-        if no_bus and not direct:
-            warn(no_bus)
-        unpublished = direct or bool(no_bus)  # no bus to publish the job on: a record file
-        if direct:
-            if keeper is None and peer is None:  # the peer must stay the watcher's child
-                keeper = _fork_keeper(spec)
-            chosen = _kept(chosen, keeper)
-
-        def announce() -> None:
-            output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
-            output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
-            # warnings about a job that runs: not before its units exist (it may be refused)
-            _warn_about(spec, output, direct)
-            if detached is not None:
-                detached.started()
-
-        def signal_ranks(signum: int, rank: int | None) -> int:
-            return watcher.signal_ranks(signum, rank)
-
-        # the records first: Finished says they exist. Without systemd, a record file too,
-        # and a bus is welcome but not needed.
-        observers = (
-            *_tether(front_end, spec),  # first: a front end gone before it began
-            *((FileRecorder(warn),) if unpublished else ()),
-            Recorder(warn=(lambda _: None) if unpublished else None),  # the file has it then
-            JobPublisher(
-                warn=(lambda _: None) if no_bus else None,  # the no-bus line said it
-                last_output=output.last_line_at,
-                signal_ranks=signal_ranks,
-                optional=unpublished,
-            ),
-        )
-        started = time.time()
-
-        def finish(report: JobReport) -> JobReport:
-            """What the output knows at the end, in the report and so in the record."""
-            report = replace(report, log_file_gaps=output.log_file_gaps)
-            if journal_problem is None:
-                missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
-                drops = journal_drops(spec, output, missed, started)
-                report = replace(report, log_drops=drops)
-            return report
-
-        watcher = Watcher(
-            spec,
-            chosen.supervisor,
-            wakeup,
-            on_created=announce,
-            observers=observers,
-            output=output,
-            journal=journal_problem is None,
-            peer=peer,
-            hang=hang,
-            finish=finish,
-        )
+        job = _join(job, output, wakeup, stack)
+        contained = _contain(opts, job, entry, keeper, output, journal, detached, stack)
         try:
-            report = watcher.run()
+            report = _run(job, contained, output, wakeup)
         finally:
             ignore_interrupts()  # the end is decided: its status is the exit status
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """Where this process stands before the job is planned (`_enter`)."""
+
+    no_bus: str = ""  # why the job API is not on D-Bus: a user manager without a user bus
+    front_end: str | None = None  # our front end, when we are its watcher (frontend/tether.py)
+    frontend: UserManager | None = None  # run the watcher as the front end's service of this
+
+
+def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _Entry:
+    """Checks that need no plan, and whether the front end runs the watcher."""
+    from gpulaunch.watcher.errorfile import runtime_base, runtime_dir
+
+    runtime_dir(runtime_base(opts.manager))  # where error files go: one line now if unusable
+    if isinstance(opts.nproc, int):  # too many ranks for the open-file limit: at once (exit 2)
+        check_job_fits(opts.nproc, log_dir=view.log_dir is not None)
+    # A front end's identity is its watcher's alone, never a rank's (frontend/tether.py).
+    front_end = os.environ.pop("GPULAUNCH_FRONTEND", None) if frontend_child else None
+    if opts.manager is not Manager.USER or not systemd_wanted(opts.supervisor, os.environ):
+        return _Entry(front_end=front_end)
+    from gpulaunch.base.userbus import NO_BUS_LINE, find_user_manager
+    from gpulaunch.frontend.need import needs_frontend
+
+    try:
+        found: UserManager | None = find_user_manager()
+    except NoSystemdError:
+        if opts.supervisor is SupervisorKind.SYSTEMD:
+            raise
+        found = None  # auto: the direct supervisor (supervisor/choose.py says why)
+    no_bus = NO_BUS_LINE.format(why=found.no_bus) if found is not None and found.peer else ""
+    if found is not None and not frontend_child and needs_frontend(opts.manager):
+        return _Entry(no_bus, front_end, frontend=found)
+    return _Entry(no_bus, front_end)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The plan: the job (a multi-node job's ranks numbered once the nodes met) and more."""
+
+    draft: JobDraft
+    spec: JobSpec
+    units: JobUnits
+    hang: HangOptions
+    stacks_file: Path | None  # --hang-timeout / --dump-stacks: where stacks go
+    pyspy: str | None  # found now: one line, before anything starts, if it is missing
+    peer: PeerLink | None = None
+
+
+def _plan(opts: StartOptions, view: OutputOptions, hang: HangOptions) -> _Job:
+    from gpulaunch.base.nofile import raise_nofile
+    from gpulaunch.debug.stacks import find_pyspy
+    from gpulaunch.watcher.errorfile import runtime_base
+
+    draft = draft_job(opts, default_environment(), working_directory())
+    spec = number_ranks(draft)
+    units = render_units(spec, Templates(opts.units_dirs))
+    needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big
+    raise_nofile(needs.fds)
+    if hang.hang_timeout is None and not hang.dump_stacks:
+        return _Job(draft, spec, units, hang, None, None)
+    stacks_dir = view.log_dir or runtime_base(spec.manager) / "gpulaunch"
+    stacks = stacks_dir / f"{spec.names.component}.stacks.txt"
+    return _Job(draft, spec, units, hang, stacks, find_pyspy())
+
+
+def _open_output(view: OutputOptions, detach: bool, spec: JobSpec) -> tuple[Output, bool]:
+    """The terminal's owner; whether journald is reachable (the report counts its drops)."""
+    from gpulaunch.logs.pump import journal_reachable
+
+    # detached: nobody watches the terminal; the journal and --log-dir still get everything
+    output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
+    problem = journal_reachable()
+    if problem:
+        output.message(
+            f"gpulaunch: warning: journald is not reachable ({problem}); "
+            "rank output goes to the terminal and --log-dir only"
+        )
+    return output, problem is None
+
+
+def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
+    """A multi-node job: meet the other nodes; the rendezvous numbers this node's ranks."""
+    cfg = job.spec.node_config
+    if cfg is None:
+        return job
+    from gpulaunch.multinode.peerlink import PeerLink
+
+    peer = PeerLink.spawn(cfg)
+    stack.callback(peer.close)
+    output.message(
+        f"gpulaunch: job {job.spec.job}: waiting for {cfg.nnodes} nodes at {cfg.endpoint} "
+        f"({cfg.backend} rendezvous)"
+    )
+    spec = number_ranks(job.draft, layout=peer.join(wakeup))
+    assert spec.layout is not None
+    output.place_node(spec.layout.first_rank, spec.world_size)
+    units = render_units(spec, Templates(job.draft.opts.units_dirs))
+    return replace(job, spec=spec, units=units, peer=peer)
+
+
+@dataclass
+class _Contained:
+    """The job's supervisor and the observers that publish it (`_contain`)."""
+
+    chosen: Chosen
+    observers: tuple[Observer, ...]
+    publisher: JobPublisher
+    journal: bool  # journald is reachable: the report counts what it dropped
+    announce: Callable[[], None]  # once the job's units exist
+
+
+def _contain(
+    opts: StartOptions,
+    job: _Job,
+    entry: _Entry,
+    keeper: KeeperLink | None,
+    output: Output,
+    journal: bool,
+    detached: Detached | None,
+    stack: ExitStack,
+) -> _Contained:
+    from gpulaunch.jobapi.filerecord import FileRecorder
+    from gpulaunch.jobapi.publisher import JobPublisher
+    from gpulaunch.jobapi.record import Recorder
+    from gpulaunch.supervisor.choose import open_supervisor
+
+    def warn(text: str) -> None:
+        output.message(f"gpulaunch: warning: {text}")
+
+    spec = job.spec
+    chosen = open_supervisor(opts.supervisor, spec, job.units, os.environ, stack, warn)
+    direct = chosen.supervisor.name == "direct"
+    if entry.no_bus and not direct:
+        warn(entry.no_bus)
+    unpublished = direct or bool(entry.no_bus)  # no bus to publish the job on: a record file
+    if direct:
+        if keeper is None and job.peer is None:  # the peer must stay the watcher's child
+            keeper = _fork_keeper(spec)
+        chosen = _kept(chosen, keeper)
+
+    def announce() -> None:
+        output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
+        output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
+        # warnings about a job that runs: not before its units exist (it may be refused)
+        _warn_about(spec, output, direct)
+        if detached is not None:
+            detached.started()
+
+    publisher = JobPublisher(
+        warn=(lambda _: None) if entry.no_bus else warn,  # the no-bus line said it
+        last_output=output.last_line_at,
+        optional=unpublished,
+    )
+    # the records first: Finished says they exist. Without systemd, a record file too,
+    # and a bus is welcome but not needed.
+    observers = (
+        *_tether(entry.front_end, spec),  # first: a front end gone before it began
+        *((FileRecorder(warn),) if unpublished else ()),
+        Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
+        publisher,
+    )
+    return _Contained(chosen, observers, publisher, journal, announce)
+
+
+def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobReport:
+    """The watcher, to the job's end; its report completed by what the output knows."""
+    from gpulaunch.watcher.hangwatch import HangWatch
+    from gpulaunch.watcher.loop import Watcher
+
+    spec, started = job.spec, time.time()
+    hang = None
+    if job.stacks_file is not None:
+        hang = HangWatch(
+            job.hang.hang_timeout,
+            job.hang.dump_stacks,
+            time.monotonic,
+            lambda: output.last_data_at,
+            job.stacks_file,
+            pyspy=job.pyspy,
+        )
+
+    watcher = Watcher(
+        spec,
+        contained.chosen.supervisor,
+        wakeup,
+        on_created=contained.announce,
+        observers=contained.observers,
+        output=output,
+        journal=contained.journal,
+        peer=job.peer,
+        hang=hang,
+    )
+    contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
+
+    def complete(report: JobReport) -> JobReport:
+        return _report(report, spec, output, watcher, started, contained.journal)
+
+    watcher.finish = complete
+    return watcher.run()
+
+
+def _report(
+    report: JobReport,
+    spec: JobSpec,
+    output: Output,
+    watcher: Watcher,
+    started: float,
+    journal: bool,
+) -> JobReport:
+    """What the output knows at the end (log-file gaps, journal drops), before any observer
+    hears `finished`: the record and the bus carry the complete report."""
+    report = replace(report, log_file_gaps=output.log_file_gaps)
+    if not journal:
+        return report
+    missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
+    return replace(report, log_drops=journal_drops(spec, output, missed, started))
 
 
 def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:
@@ -291,13 +390,12 @@ def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:
     if not front_end:
         return ()
     from gpulaunch.frontend.tether import FrontEndTether
-    from gpulaunch.frontend.unit import service_name
 
     def stop_service() -> None:
         from gpulaunch.supervisor.systemd_api import Systemd
 
         with Systemd(Manager.USER) as systemd:
-            systemd.stop_unit(service_name(spec.names))
+            systemd.stop_unit(spec.names.launch_service)
 
     return (FrontEndTether(front_end, stop_service),)
 

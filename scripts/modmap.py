@@ -3,6 +3,9 @@
 
     python3 scripts/modmap.py            # the map, then the longest import chain
     python3 scripts/modmap.py --chain    # only the longest chain and its length
+    python3 scripts/modmap.py --folders  # the folders' import graph and its cycles
+
+The layers themselves are checked by `lint-imports` (pyproject.toml's contract).
 
 Imports are read from the source (every `import` / `from ... import`, also those
 inside functions; not those under `if TYPE_CHECKING:`, which never run), so the
@@ -84,8 +87,62 @@ def longest_chain(edges: dict[str, set[str]]) -> list[str]:
     return list(max((longest(n) for n in sorted(edges)), key=len))
 
 
+def folder(name: str) -> str:
+    """A module's folder (`watcher`), or the module itself at the top (`cli`, `model`)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {folder(n): set() for n in edges}
+    for name, deps in edges.items():
+        out[folder(name)] |= {folder(d) for d in deps if folder(d) != folder(name)}
+    return out
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one member (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for dep in sorted(edges[node]):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
 def main(argv: list[str]) -> int:
     edges = graph()
+    if "--folders" in argv:
+        folders = folder_graph(edges)
+        for name in sorted(folders):
+            print(f"{name:12} -> {', '.join(sorted(folders[name]))}")
+        found = cycles(folders)
+        print(f"folder cycles: {len(found)}, members: {sum(len(c) for c in found)}")
+        for c in found:
+            print("  " + " ".join(c))
+        return 0
     chain = longest_chain(edges)
     if "--chain" not in argv:
         mods = modules()

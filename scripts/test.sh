@@ -23,6 +23,8 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+# The layers of gpulaunch/ (pyproject.toml [tool.importlinter]; docs/architecture.md).
+.venv/bin/lint-imports
 # Where users are: a login shell's soft limit on open files is 1024 (systemd's
 # default); the hard one stays. Everything, the box included, runs under it.
 hard=$(ulimit -Hn)

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulaunch.base.cgroup import cgroup_of
 from gpulaunch.debug.stacks import RankStacks
 
 CPU_SHARE = 0.01  # "measurable": more than 1 % of one CPU over the interval
@@ -77,10 +78,9 @@ class HangClock:
 def cpu_seconds(pid: int) -> float | None:
     """CPU time of the unit `pid` is in (cgroup v2 cpu.stat), else of `pid` alone; None: gone."""
     try:
-        cgroup = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        path = next((line[3:] for line in cgroup if line.startswith("0::")), None)
-        if path:
-            for line in Path(f"/sys/fs/cgroup{path}/cpu.stat").read_text().splitlines():
+        cgroup = cgroup_of(pid)
+        if cgroup is not None:
+            for line in (cgroup / "cpu.stat").read_text().splitlines():
                 key, _, value = line.partition(" ")
                 if key == "usage_usec":
                     return int(value) / 1e6

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from gpulaunch.plan.argtext import not_utf8
+from gpulaunch.base.argtext import not_utf8
 
 FLAG = "--frontend-argv"
 

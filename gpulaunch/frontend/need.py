@@ -5,19 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpulaunch.base.cgroup import unified_path
 from gpulaunch.model import Manager
 
 
 def own_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup")) -> str | None:
     """This process's cgroup v2 path (`0::/...`), or None where there is none."""
     try:
-        text = proc_cgroup.read_text()
+        return unified_path(proc_cgroup.read_text())
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    return None
 
 
 def adoptable(cgroup: str, uid: int) -> bool:

@@ -11,7 +11,7 @@ our name holds the service, the watcher holds a pidfd of us (tether.py): our
 end in between stops the service too, at once.
 
 `--detach`: the service's stderr is a pipe to us until the job's units exist
-(watcher/detach.py's protocol); then we print the job id and return 0.
+(base/detach.py's protocol); then we print the job id and return 0.
 
 The session bus going away (`systemctl --user restart dbus`) takes our name
 with it, and systemd stops the service as if we had died (`Type=dbus`): the
@@ -20,7 +20,7 @@ from when our name ties it to us, so we wait for it to end (signals are
 relayed through the pidfd then), and exit with the status its record gives,
 after one line that says what happened.
 
-Without a user bus (frontend/userbus.py) we talk to the user manager on its
+Without a user bus (base/userbus.py) we talk to the user manager on its
 private socket, peer to peer: no bus daemon, so no `AddMatch` (systemd sends a
 direct connection every signal after `Subscribe`) and no name of ours; the
 service is `Type=exec` and `tie.py`'s service stops it when we end.
@@ -41,6 +41,9 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 from dbus_fast.errors import AuthError, InvalidAddressError
 
+from gpulaunch.base.detach import STARTED, tail_overlap
+from gpulaunch.base.names import unit_object_path
+from gpulaunch.base.userbus import LINGER_HINT, UserManager
 from gpulaunch.errors import (
     AccessDeniedError,
     JobExistsError,
@@ -58,16 +61,12 @@ from gpulaunch.frontend.unit import (
     exit_status,
     frontend_bus_name,
     launch_setup,
-    service_name,
     service_properties,
-    unit_object_path,
     watcher_argv,
 )
-from gpulaunch.frontend.userbus import LINGER_HINT, UserManager
 from gpulaunch.jobapi import record
 from gpulaunch.model import JobSpec, Manager
 from gpulaunch.units.definitions import JobUnits
-from gpulaunch.watcher.detach import STARTED, tail_overlap
 
 _SYSTEMD = "org.freedesktop.systemd1"
 _MANAGER_PATH = "/org/freedesktop/systemd1"
@@ -106,7 +105,7 @@ class _FrontEnd:
     ) -> None:
         self.spec = spec
         self.units = units
-        self.service = service_name(spec.names)
+        self.service = spec.names.launch_service
         self.path = unit_object_path(self.service)
         self.address = manager.address
         self.peer = manager.peer  # the manager's private socket: no bus names (tie.py)
@@ -313,7 +312,7 @@ class _FrontEnd:
             )
         setup = launch_setup(
             argv=self.argv,
-            cwd=self.spec.cwd,  # start.working_directory(): checked
+            cwd=self.spec.cwd,  # plan.spec.working_directory(): checked
             env=env,
             frontend_name=self.name,
             limits={

@@ -28,9 +28,7 @@ from dataclasses import dataclass
 from gpulaunch.frontend.argv import pack_argv
 from gpulaunch.units.codec import RLIMITS as RLIMITS
 from gpulaunch.units.definitions import LaunchSetup, UnitDefinition
-from gpulaunch.units.names import UnitNames
 
-UNIT_PATH_PREFIX = "/org/freedesktop/systemd1/unit/"
 FRONTEND_NAME_PREFIX = "io.gpulaunch.frontend"
 # Accepted by systemd in Environment= (env_name_is_valid, env_value_is_valid).
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -46,25 +44,9 @@ class Prop:
     value: object
 
 
-def service_name(names: UnitNames) -> str:
-    return names.launch_service
-
-
 def frontend_bus_name(pid: int) -> str:
     """The name the front end owns while its job runs (unique: one front end per pid)."""
     return f"{FRONTEND_NAME_PREFIX}.p{pid}"
-
-
-def unit_object_path(unit: str) -> str:
-    """systemd's object path of a unit (sd_bus_path_encode's escaping)."""
-    out = []
-    for i, byte in enumerate(unit.encode()):
-        char = chr(byte)
-        if char.isascii() and (char.isalpha() or (char.isdigit() and i > 0)):
-            out.append(char)
-        else:
-            out.append(f"_{byte:02x}")
-    return UNIT_PATH_PREFIX + ("".join(out) or "_")
 
 
 def watcher_argv(python: str, argv: Sequence[str], job: str) -> list[str]:

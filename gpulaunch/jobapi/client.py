@@ -17,13 +17,13 @@ from dbus_fast.aio import MessageBus
 
 from gpulaunch.errors import AccessDeniedError, UsageError, WatcherCallError
 from gpulaunch.jobapi.bus import ACCESS_DENIED, DBUS, DBUS_PATH, PROPERTIES, connect
+from gpulaunch.jobapi.rankview import RankView, with_ends
 from gpulaunch.jobapi.view import (
     INTERFACE,
     NAME_PREFIX,
     PATH_PREFIX,
     JobState,
     JobView,
-    RankView,
     bus_name,
     bus_title,
     is_job_name,
@@ -130,9 +130,19 @@ class JobClient:
         """
         name, path = bus_name(job), object_path(job)
         events: asyncio.Queue[Message] = asyncio.Queue()
+        # How ranks ended beyond Finished's struct (core dumped, OOM kill): the watcher
+        # announces every property (RankEnds too) just before Finished.
+        ends: list[Any] = []
 
         def on_message(msg: Message) -> None:
             if msg.message_type is not MessageType.SIGNAL:
+                return
+            if (msg.member, msg.path) == ("PropertiesChanged", path) and msg.body[:1] == [
+                INTERFACE
+            ]:
+                changed = msg.body[1].get("RankEnds")
+                if changed is not None:
+                    ends[:] = changed.value
                 return
             if (msg.member, msg.interface, msg.path) == ("Finished", INTERFACE, path) or (
                 msg.member == "NameOwnerChanged" and msg.sender == DBUS and msg.body[:1] == [name]
@@ -142,6 +152,7 @@ class JobClient:
         self.bus.add_message_handler(on_message)
         for rule in (
             f"type='signal',interface='{INTERFACE}',member='Finished',path='{path}'",
+            f"type='signal',interface='{PROPERTIES}',member='PropertiesChanged',path='{path}'",
             f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',"
             f"arg0='{name}'",
         ):
@@ -171,7 +182,7 @@ class JobClient:
                     status=int(status),
                     cause=str(cause),
                     cause_rank=int(cause_rank),
-                    ranks=tuple(RankView.from_wire(r) for r in ranks),
+                    ranks=with_ends(tuple(RankView.from_wire(r) for r in ranks), ends),
                 )
                 return WaitResult(final=final, running=True)
             if msg.member == "NameOwnerChanged" and msg.body[1] == owner:

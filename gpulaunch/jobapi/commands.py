@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import (
     AccessDeniedError,
     JobLostError,
@@ -31,7 +32,6 @@ from gpulaunch.jobapi import filerecord, record, whose
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.report import count, format_report, format_table, nodes_line
-from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
     from gpulaunch.jobapi.client import JobClient, WaitResult
@@ -199,12 +199,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _resources(view: JobView) -> JobSample:
     """What each rank of a running job uses, measured over one second."""
+    from gpulaunch.jobapi.targets import targets
     from gpulaunch.resources.nvml import Gpus, open_gpus
     from gpulaunch.resources.sample import Sampler, measure
 
     gpus = open_gpus()
     try:
-        return measure(view, Sampler(gpus), 1.0)
+        return measure(*targets(view), Sampler(gpus), 1.0)
     finally:
         if isinstance(gpus, Gpus):
             gpus.close()

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpulaunch import shipped
-from gpulaunch.jobapi.view import INTERFACE, RANK_SIGNATURE
+from gpulaunch.jobapi.rankview import RANK_SIGNATURE
+from gpulaunch.jobapi.view import INTERFACE
 
 # Signal signatures (packaging/dbus/io.gpulaunch.Job1.xml has their argument names).
 RANK_EXITED_SIGNATURE = "isiibi"

@@ -68,14 +68,8 @@ from gpulaunch.jobapi.interface import (
     UNANNOUNCED,
     interface_xml,
 )
-from gpulaunch.jobapi.view import (
-    INTERFACE,
-    JobView,
-    RankView,
-    bus_name,
-    bus_title,
-    object_path,
-)
+from gpulaunch.jobapi.rankview import RankView
+from gpulaunch.jobapi.view import INTERFACE, JobView, bus_name, bus_title, object_path
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
@@ -109,7 +103,8 @@ class JobPublisher:
         self._last_output = last_output or (lambda rank: None)
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
         # Signal(): the watcher's notice to its ranks (signal, global rank or None: all)
-        self._signal_ranks = signal_ranks or (lambda signum, rank: 0)
+        # who sends `Signal`'s signals: the watcher, set once it exists (start.py)
+        self.signal_ranks = signal_ranks or (lambda signum, rank: 0)
         self._optional = optional  # no bus is no error (the direct supervisor)
         self._job: JobProgress | None = None
         self._stop_job: Callable[[], None] = lambda: None
@@ -479,7 +474,7 @@ class JobPublisher:
                 INVALID_ARGS,
                 f"rank {rank} is not one of this node's ({min(ranks)}-{max(ranks)})",
             )
-        sent = self._signal_ranks(signum, None if rank == -1 else rank)
+        sent = self.signal_ranks(signum, None if rank == -1 else rank)
         return Message.new_method_return(msg, "u", [sent])
 
 

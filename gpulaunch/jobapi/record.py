@@ -26,20 +26,13 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import UnavailableError, UnknownJobError
 from gpulaunch.jobapi import whose
-from gpulaunch.jobapi.view import (
-    JobState,
-    JobView,
-    RankView,
-    bus_title,
-    node_from_wire,
-    node_wire,
-    ranks_json,
-)
+from gpulaunch.jobapi.rankview import RankView, ranks_json
+from gpulaunch.jobapi.view import JobState, JobView, bus_title, node_from_wire, node_wire
 from gpulaunch.model import Cause, JobProgress, JobReport, LogDrop, Manager, RankProgress
 from gpulaunch.report import headline
-from gpulaunch.units.names import UnitNames
 
 if TYPE_CHECKING:
     import asyncio

@@ -14,74 +14,35 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulaunch.base.names import NAME_PREFIX as NAME_PREFIX  # the names' home: base/names.py
+from gpulaunch.base.names import PATH_PREFIX as PATH_PREFIX
+from gpulaunch.base.names import bus_label as bus_label
+from gpulaunch.base.names import bus_name as bus_name
+from gpulaunch.base.names import is_job_name as is_job_name
+from gpulaunch.base.names import object_path as object_path
+from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
+from gpulaunch.jobapi.rankview import (  # RankView's home; also importable from here
+    RANK_END_SIGNATURE as RANK_END_SIGNATURE,
+)
+from gpulaunch.jobapi.rankview import RANK_SIGNATURE as RANK_SIGNATURE
+from gpulaunch.jobapi.rankview import RankView as RankView
+from gpulaunch.jobapi.rankview import ranks_json as ranks_json
+from gpulaunch.jobapi.rankview import with_ends
 from gpulaunch.model import (
     Cause,
     JobProgress,
     JobReport,
     LogDrop,
     Manager,
-    OomKill,
     Phase,
-    RankExit,
-    RankProgress,
-    RankResult,
-    RankState,
-    RankUsage,
 )
-from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 
 INTERFACE = "io.gpulaunch.Job1"
-NAME_PREFIX = "io.gpulaunch.job"
-PATH_PREFIX = "/io/gpulaunch/job"
-
-_BUS_NAME_MAX = 255
-_LABEL_MAX = _BUS_NAME_MAX - len(NAME_PREFIX) - 1
-_PLAIN = re.compile(rb"[A-Za-z0-9]")
-
-# The D-Bus type of one rank entry: the `Ranks` property, the `Finished` signal.
-RANK_SIGNATURE = "(iisusiibid)"
-
-
-def bus_label(job: str) -> str:
-    """Escape a job id into one bus-name element / object-path element."""
-    raw = job.encode("utf-8", "surrogateescape")
-    out = []
-    for i, byte in enumerate(raw):
-        char = bytes([byte])
-        if _PLAIN.fullmatch(char) and not (i == 0 and char.isdigit()):
-            out.append(char.decode())
-        else:
-            out.append(f"_{byte:02x}")
-    label = "".join(out) or "_"
-    if len(label) > _LABEL_MAX:
-        digest = hashlib.sha256(raw).hexdigest()[:32]
-        head = label[: _LABEL_MAX - len(digest) - 2]
-        cut = head.rfind("_")
-        if cut >= len(head) - 2:  # never cut an escape in half
-            head = head[:cut]
-        label = f"{head}_h{digest}"
-    return label
-
-
-def bus_name(job: str) -> str:
-    """The well-known name a job's watcher owns: `io.gpulaunch.job.<label>`."""
-    return f"{NAME_PREFIX}.{bus_label(job)}"
-
-
-def object_path(job: str) -> str:
-    """The job's object: `/io/gpulaunch/job/<label>`."""
-    return f"{PATH_PREFIX}/{bus_label(job)}"
-
-
-def is_job_name(name: str) -> bool:
-    return name.startswith(NAME_PREFIX + ".")
 
 
 def bus_title(manager: Manager) -> str:
@@ -129,111 +90,6 @@ class JobState(enum.StrEnum):
     @classmethod
     def of_report(cls, report: JobReport) -> JobState:
         return cls.of_cause(report.cause, report.status)
-
-
-@dataclass(frozen=True)
-class RankView:
-    """One rank: the `(iisusiibid)` struct on the bus, an object in the record's JSON.
-
-    `pid` is 0 before the rank was forked; `exit_code` is -1 and `signal` 0
-    unless it exited that way; `status` (the shell's view: code or 128+N) is -1
-    while it runs; `runtime` is 0.0 while it runs.
-    """
-
-    rank: int
-    local_rank: int
-    unit: str
-    pid: int
-    state: str
-    exit_code: int
-    signal: int
-    stopped_by_watcher: bool
-    status: int
-    runtime: float
-    # Not on the bus (its struct is fixed); in the record's JSON and the report.
-    usage: RankUsage | None = None
-    oom: OomKill | None = None
-
-    def wire(self) -> list[Any]:
-        return [
-            self.rank,
-            self.local_rank,
-            self.unit,
-            self.pid,
-            self.state,
-            self.exit_code,
-            self.signal,
-            self.stopped_by_watcher,
-            self.status,
-            self.runtime,
-        ]
-
-    @classmethod
-    def from_wire(cls, item: Sequence[Any]) -> RankView:
-        rank, local, unit, pid, state, code, sig, stopped, status, runtime = item
-        return cls(
-            rank=int(rank),
-            local_rank=int(local),
-            unit=str(unit),
-            pid=int(pid),
-            state=str(state),
-            exit_code=int(code),
-            signal=int(sig),
-            stopped_by_watcher=bool(stopped),
-            status=int(status),
-            runtime=float(runtime),
-        )
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> RankView:
-        view = cls.from_wire([_UNSET.get(f) if obj[f] is None else obj[f] for f in _RANK_FIELDS])
-        usage, oom = obj.get("usage"), obj.get("oom")
-        return dataclasses.replace(
-            view,
-            usage=RankUsage(**usage) if isinstance(usage, dict) else None,
-            oom=OomKill(**oom) if isinstance(oom, dict) else None,
-        )
-
-    @classmethod
-    def of_progress(cls, rank: RankProgress) -> RankView:
-        ex = rank.exit
-        return cls(
-            rank=rank.rank,
-            local_rank=rank.local_rank,
-            unit=rank.unit,
-            pid=rank.pid or 0,
-            state=rank.state.value,
-            exit_code=-1 if ex is None or ex.code is None else ex.code,
-            signal=0 if ex is None or ex.signal is None else ex.signal,
-            stopped_by_watcher=ex.stopped_by_watcher if ex is not None else rank.stop_requested,
-            status=-1 if ex is None else ex.status,
-            runtime=0.0 if ex is None else ex.runtime,
-            usage=None if ex is None else ex.usage,
-            oom=None if ex is None else ex.oom,
-        )
-
-    def result(self) -> RankResult:
-        """Back to the report's form (for `format_report`)."""
-        ended = self.state in (RankState.EXITED, RankState.STOPPED)
-        return RankResult(
-            rank=self.rank,
-            unit=self.unit,
-            pid=self.pid or None,
-            exit=RankExit(
-                code=self.exit_code if self.exit_code >= 0 else None,
-                signal=self.signal or None,
-                stopped_by_watcher=self.stopped_by_watcher,
-                observed_at=0.0,
-                runtime=self.runtime,
-                usage=self.usage,
-                oom=self.oom,
-            )
-            if ended
-            else None,
-        )
-
-
-_RANK_FIELDS = tuple(RankView.__dataclass_fields__)[:10]  # the wire struct's
 
 
 def _cause_rank(report: JobReport | None, failure: NodeFailure | None) -> int:
@@ -433,11 +289,13 @@ class JobView:
             "CauseHost": ("s", self.cause_host),
             "CauseWhat": ("s", self.cause_what),
             "LastOutput": ("at", list(self.last_output)),
+            "RankEnds": ("a" + RANK_END_SIGNATURE, [e for r in self.ranks if (e := r.end_wire())]),
         }
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> JobView:
         """From the values of `GetAll` (unwrapped from their variants)."""
+        ranks = tuple(RankView.from_wire(r) for r in props["Ranks"])
         return cls(
             job=str(props["Id"]),
             slice=str(props["Slice"]),
@@ -446,7 +304,7 @@ class JobView:
             watcher_pid=int(props["WatcherPID"]),
             state=JobState(props["State"]),
             world_size=int(props["WorldSize"]),
-            ranks=tuple(RankView.from_wire(r) for r in props["Ranks"]),
+            ranks=with_ends(ranks, props.get("RankEnds", ())),
             status=int(props["Status"]),
             cause=str(props["Cause"]),
             cause_rank=int(props["CauseRank"]),
@@ -471,19 +329,3 @@ def node_from_wire(wire: Sequence[Any]) -> NodeInfo:
     return NodeInfo(
         node=int(node), host=str(host), first_rank=int(first), nproc=int(nproc), pid=int(pid)
     )
-
-
-# The bus's "not (yet) known" values of a rank; JSON says null instead.
-_UNSET: dict[str, Any] = {"pid": 0, "exit_code": -1, "signal": 0, "status": -1, "runtime": 0.0}
-
-
-def ranks_json(rank: RankView) -> dict[str, Any]:
-    """A rank as JSON: null where the bus has a placeholder (a running rank's exit)."""
-    out = {f: getattr(rank, f) for f in _RANK_FIELDS}
-    ended = rank.state in (RankState.EXITED, RankState.STOPPED)
-    for f, unset in _UNSET.items():
-        if out[f] == unset and (f == "pid" or not ended or f in ("exit_code", "signal")):
-            out[f] = None
-    out["usage"] = None if rank.usage is None else dataclasses.asdict(rank.usage)
-    out["oom"] = None if rank.oom is None else dataclasses.asdict(rank.oom)
-    return out

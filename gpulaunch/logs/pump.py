@@ -177,7 +177,7 @@ def run_pump(
     `hold`: a pipe the watcher holds the other end of; at the end the pump waits for its
     EOF before exiting, so that the rank's scope (and its cgroup, with `memory.peak`,
     `memory.events` and `cpu.stat`) stays until the watcher has read them: a scope
-    without processes is removed at once (resources/final.py).
+    without processes is removed at once (watcher/final.py).
 
     It is forked with IGNORED_SIGNALS ignored already: a gang stop may reach it
     before this function runs. Up to JOURNAL_BACKLOG bytes wait for journald

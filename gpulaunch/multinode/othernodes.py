@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpulaunch.base.protocol import NODE_LOST_STATUS, Event, Layout, NodeFailure
 from gpulaunch.model import signal_name
 from gpulaunch.multinode.peerlink import PeerLink
-from gpulaunch.multinode.protocol import NODE_LOST_STATUS, Event, Layout, NodeFailure
 
 ERROR_LINES_SHARED = 40  # of a failed rank's traceback, told to the other nodes
 

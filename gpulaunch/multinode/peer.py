@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpulaunch.linux import set_parent_death_signal
-from gpulaunch.multinode.protocol import (
+from gpulaunch.base.interrupts import INTERRUPTS, NOTICES
+from gpulaunch.base.protocol import (
     NODE_LOST_STATUS,
     Backend,
     Command,
@@ -47,7 +47,7 @@ from gpulaunch.multinode.protocol import (
     decode,
     encode,
 )
-from gpulaunch.watcher.interrupts import INTERRUPTS, NOTICES
+from gpulaunch.linux import set_parent_death_signal
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)

@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpulaunch.errors import GpulaunchError, NodeLinkError
-from gpulaunch.model import signal_name
-from gpulaunch.multinode.protocol import (
+from gpulaunch.base.interrupts import INTERRUPTS, pending
+from gpulaunch.base.procs import HeldChild, WaitStatus, kill_held, reap, spawn_held
+from gpulaunch.base.protocol import (
     Command,
     Event,
     Layout,
@@ -24,8 +24,8 @@ from gpulaunch.multinode.protocol import (
     decode,
     encode,
 )
-from gpulaunch.watcher.interrupts import INTERRUPTS, pending
-from gpulaunch.watcher.procs import HeldChild, WaitStatus, kill_held, reap, spawn_held
+from gpulaunch.errors import GpulaunchError, NodeLinkError
+from gpulaunch.model import signal_name
 
 
 class Interrupted(GpulaunchError):

@@ -20,14 +20,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulaunch.base.names import UnitNames, validate_job_id
+from gpulaunch.base.protocol import Layout, NodeConfig
 from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec, Manager, RankSpec, SupervisorKind
-from gpulaunch.multinode.options import NodeOptions, plan_nodes
-from gpulaunch.multinode.protocol import Layout
 from gpulaunch.plan.environment import RankPlace, rank_environment
 from gpulaunch.plan.gpus import visible_pool
-from gpulaunch.plan.placement import Machine, Resources, check_memory_max, place_ranks
-from gpulaunch.units.names import UnitNames, validate_job_id
+from gpulaunch.plan.nodes import NodeOptions, NodePlan, plan_nodes
+from gpulaunch.plan.placement import (
+    Machine,
+    Placement,
+    Resources,
+    check_memory_max,
+    place_ranks,
+)
 
 
 class Launch(enum.StrEnum):
@@ -117,6 +123,24 @@ def free_port(addr: str) -> int:
         return port
 
 
+@dataclass(frozen=True)
+class JobDraft:
+    """A job checked and placed on this machine, its ranks not yet numbered (`number_ranks`).
+
+    A multi-node job is drafted once; the rendezvous's `Layout` only numbers its ranks.
+    """
+
+    opts: StartOptions
+    base_env: Mapping[str, str]
+    cwd: str
+    job: str
+    names: UnitNames
+    nproc: int
+    places: tuple[Placement, ...]
+    nodes: NodePlan
+    node_config: NodeConfig | None
+
+
 def make_spec(
     opts: StartOptions,
     base_env: Mapping[str, str],
@@ -124,12 +148,17 @@ def make_spec(
     machine: Machine | None = None,
     layout: Layout | None = None,
 ) -> JobSpec:
-    """Check the options and plan every rank.
+    """Check the options and plan every rank (`draft_job`, then `number_ranks`)."""
+    return number_ranks(draft_job(opts, base_env, cwd, machine), layout)
+
+
+def draft_job(
+    opts: StartOptions, base_env: Mapping[str, str], cwd: str, machine: Machine | None = None
+) -> JobDraft:
+    """Check the options and place the ranks on this machine (bad input fails here).
 
     `machine` says what GPUs and CPUs there are (default: this machine, or the fake one
     under `opts.machine_root`); it is read only when a placement option needs it.
-    `layout`: where the rendezvous put this node in a multi-node job; without it, a
-    multi-node job's ranks are planned as if this were node 0 (to check the options).
     """
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts must not be negative, not {opts.max_restarts}")
@@ -165,6 +194,17 @@ def make_spec(
             "the nodes meet through torch's rendezvous",
             "pip install 'gpulaunch[torch]' (or torch) into that environment",
         )
+    return JobDraft(opts, base_env, cwd, job, names, nproc, places, nodes, node_config)
+
+
+def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
+    """The job's spec: its ranks numbered, each with its environment.
+
+    `layout`: where the rendezvous put this node in a multi-node job; without it, a
+    multi-node job's ranks are numbered as if this were node 0 (to check the options).
+    """
+    opts, base_env, cwd, job, names = draft.opts, draft.base_env, draft.cwd, draft.job, draft.names
+    nproc, places, nodes, node_config = draft.nproc, draft.places, draft.nodes, draft.node_config
     if node_config is None:
         layout = None
         addr = nodes.master_addr
@@ -305,3 +345,14 @@ def resolve_nproc(
 def default_environment() -> dict[str, str]:
     """The launcher's own environment, which every rank starts from."""
     return dict(os.environ)
+
+
+def working_directory() -> str:
+    """The directory the ranks start in: ours, which must still exist."""
+    try:
+        return os.getcwd()
+    except OSError as exc:  # deleted (ENOENT), or no longer reachable (EACCES)
+        raise UsageError(
+            f"cannot start in this working directory: {exc.strerror} (was it deleted?)",
+            "cd to a directory that exists and start again",
+        ) from None

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from gpulaunch.jobapi.view import JobView
-from gpulaunch.resources import cgroup as cg
+from gpulaunch.base import cgroup as cg
 from gpulaunch.resources.nvml import GpuProcess, Gpus
 
 LIVE_STATES = ("held", "running")
@@ -288,28 +287,13 @@ def _total(ranks: Sequence[RankSample]) -> RankSample:
     )
 
 
-def targets(view: JobView) -> tuple[list[RankTarget], bool]:
-    """The ranks to look at, from the job's view on the bus; and whether it has LastOutput."""
-    known = len(view.last_output) == len(view.ranks)
-    out = []
-    for i, r in enumerate(view.ranks):
-        stamp = view.last_output[i] if known else 0
-        out.append(
-            RankTarget(
-                rank=r.rank,
-                unit=r.unit,
-                pid=r.pid,
-                state=r.state,
-                last_output=stamp / 1e6 if stamp else None,
-                watcher_pid=view.watcher_pid,
-            )
-        )
-    return out, known
+def measure(
+    ranks: Sequence[RankTarget], known: bool, sampler: Sampler, interval: float
+) -> JobSample:
+    """Two looks `interval` seconds apart (the second has CPU %); for one-shot commands.
 
-
-def measure(view: JobView, sampler: Sampler, interval: float) -> JobSample:
-    """Two looks `interval` seconds apart (the second has CPU %); for one-shot commands."""
-    ranks, known = targets(view)
+    `known`: whether the job tells each rank's last output (jobapi/top.py's `targets`).
+    """
     sampler.sample(ranks, known)
     time.sleep(interval)  # the measuring window of CPU %, not a wait for an event
     return sampler.sample(ranks, known)

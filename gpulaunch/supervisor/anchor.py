@@ -24,8 +24,3 @@ The service comes from its template, units/anchor.service, rendered for the watc
 """
 
 from __future__ import annotations
-
-
-def anchor_name(job_slice: str) -> str:
-    """gpulaunch-<JOB>.slice -> gpulaunch-<JOB>-anchor.service (UnitNames.anchor_service)."""
-    return job_slice.removesuffix(".slice") + "-anchor.service"

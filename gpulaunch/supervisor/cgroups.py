@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulaunch.base.cgroup import proc_cgroup
 from gpulaunch.linux import inotify_events, inotify_init, inotify_watch
 
 CGROUP2_MAGIC = 0x63677270  # statfs(2)'s f_type of cgroup2
@@ -121,22 +122,17 @@ class Cgroup:
 
 def own_cgroup(pid: int | str = "self") -> Cgroup | None:
     """The cgroup v2 directory of `pid`, if the unified hierarchy is mounted at MOUNT."""
+    path = proc_cgroup(pid)
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        if _fs_type(MOUNT) != CGROUP2_MAGIC:
+        if path is None or _fs_type(MOUNT) != CGROUP2_MAGIC:
             return None
     except OSError:
         return None
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":
-            # In a cgroup namespace the path is relative to its root, which is what
-            # the namespace's own mount shows at MOUNT. "/.." : outside our view.
-            if path.startswith("/.."):
-                return None
-            return Cgroup(MOUNT / path.lstrip("/"))
-    return None
+    # In a cgroup namespace the path is relative to its root, which is what the
+    # namespace's own mount shows at MOUNT. "/.." : outside our view.
+    if path.startswith("/.."):
+        return None
+    return Cgroup(MOUNT / path.lstrip("/"))
 
 
 def _fs_type(path: Path) -> int:

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.model import JobSpec, SupervisorKind
-from gpulaunch.multinode.slurm import resource_manager_step
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.units.definitions import JobUnits
 
@@ -83,7 +83,7 @@ def _systemd(
         "a scope; watcher SIGKILLed → systemd stops every rank (BindsTo=); daemonised "
         "grandchildren stopped with their rank's scope"
     )
-    return Chosen(SystemdSupervisor(systemd, units), line, spec.names.job_slice)
+    return Chosen(SystemdSupervisor(systemd, units, warn), line, spec.names.job_slice)
 
 
 def _direct(spec: JobSpec, stack: ExitStack, why: str, warn: Callable[[str], None]) -> Chosen:

@@ -131,7 +131,7 @@ class CgroupSupervisor(_Direct):
     def __init__(self, spec: JobSpec, own: Cgroup, warn: Callable[[str], None]) -> None:
         super().__init__(spec, warn)
         self.own = own
-        self.job = own.child(f"gpulaunch-{spec.names.component}")
+        self.job = own.child(spec.names.stem)
         self.watcher = self.job.child("watcher")
         self.ranks = [self.job.child(f"rank{r.local_rank}") for r in spec.ranks]
         self._inotify = -1

@@ -1,7 +1,7 @@
 """Process trees from /proc: what a rank left behind, when no cgroup can hold it.
 
 Without a cgroup, a rank is its process group (the watcher forks it with
-setpgid, gpulaunch/watcher/procs.py) plus whatever it started; a daemon that
+setpgid, gpulaunch/base/procs.py) plus whatever it started; a daemon that
 left the group with setsid(2) is found by parentage instead: the watcher is a
 child subreaper (prctl(2)), so an orphan comes back to it rather than to init.
 One read of /proc per event (a stop, a process gone), never a polling loop.

@@ -52,9 +52,13 @@ class SystemdSupervisor:
     name = "systemd"
     parent_death_signal = 0  # the rank scopes are BindsTo= the watcher's: systemd stops them
 
-    def __init__(self, systemd: SystemdAPI, units: JobUnits) -> None:
+    def __init__(
+        self, systemd: SystemdAPI, units: JobUnits, warn: Callable[[str], None] | None = None
+    ) -> None:
         self.sd = systemd
         self.units = units
+        # through the terminal's owner (logs/output.py) when start.py gives one
+        self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: SupervisorEvents | None = None
         # systemd jobs we wait for, by object path.
@@ -284,11 +288,9 @@ class SystemdSupervisor:
         self._watch(self._fd, self._on_bus)
         if not self._reconnected:
             self._reconnected = True
-            print(
-                f"gpulaunch: warning: job {self.units.job}: the connection to systemd was "
-                "lost (daemon-reexec, or a restart of the bus); reconnected, the job goes on",
-                file=sys.stderr,
-                flush=True,
+            self._warn(
+                f"job {self.units.job}: the connection to systemd was "
+                "lost (daemon-reexec, or a restart of the bus); reconnected, the job goes on"
             )
         self._settle_missed()
 

@@ -47,6 +47,7 @@ from pystemd.dbusexc import (
 )
 from pystemd.dbuslib import DBus, DBusAddress, apply_signature
 
+from gpulaunch.base.userbus import user_private_socket
 from gpulaunch.errors import (
     AccessDeniedError,
     JobExistsError,
@@ -55,7 +56,6 @@ from gpulaunch.errors import (
     SystemdError,
     TemplateError,
 )
-from gpulaunch.frontend.userbus import user_private_socket
 from gpulaunch.model import Manager
 from gpulaunch.supervisor.reach import retry, root_private_socket
 from gpulaunch.units.codec import Property

@@ -8,6 +8,7 @@ to a live systemd.
 from __future__ import annotations
 
 import enum
+import math
 import os
 import pwd
 import re
@@ -20,6 +21,7 @@ from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.journal import rate_limit_settings
 from gpulaunch.model import Manager
 from gpulaunch.system.files import BUS_POLICY, FIX, Piece
+from gpulaunch.units import values
 
 
 class Status(enum.StrEnum):
@@ -108,7 +110,7 @@ def systemd_supervisor(machine: Machine, problem: GpulaunchError | None) -> Verd
 
 def direct_supervisor(machine: Machine, problem: GpulaunchError | None) -> Verdict:
     """direct: the watcher's own cgroups, else process groups (gpulaunch/supervisor/direct.py)."""
-    from gpulaunch.multinode.slurm import resource_manager_step
+    from gpulaunch.base.slurm import resource_manager_step
     from gpulaunch.supervisor.cgroups import writable_cgroup
 
     step = resource_manager_step(machine.env)
@@ -194,7 +196,7 @@ def user_bus(machine: Machine) -> Iterable[Finding]:
     """A user bus (dbus-user-session), else the user manager's private socket (issue 29)."""
     if machine.manager is Manager.SYSTEM:
         return
-    from gpulaunch.frontend.userbus import find_user_manager
+    from gpulaunch.base.userbus import find_user_manager
 
     try:
         found = find_user_manager(dict(machine.env), machine.uid)
@@ -243,20 +245,16 @@ def bus_policy(machine: Machine) -> Iterable[Finding]:
 
 CHATTY_RANKS = 4
 CHATTY_RATE = 10_000  # lines per second per rank
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
-def parse_timespan(text: str) -> float | None:
-    """Seconds of a systemd time span such as 30s, 1min 30s, 500ms (systemd.time(7))."""
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text.strip())
-    if not parts or re.sub(r"[\d.\sa-z]", "", text.strip()):
+def timespan_seconds(text: str) -> float | None:
+    """Seconds of a systemd time span (30s, 1min 30s, 1d, 2hr: units/values.py's parser,
+    systemd's own rules); None where systemd would not read it either; infinity is inf."""
+    try:
+        usec = values.parse_timespan(text)
+    except values.InvalidValue:
         return None
-    total = 0.0
-    for number, unit in parts:
-        if unit not in _UNITS and unit != "":
-            return None
-        total += float(number) * _UNITS.get(unit, 1.0)
-    return total
+    return math.inf if usec == values.INFINITY else usec / values.USEC_PER_SEC
 
 
 def modulated_burst(burst: int, available: int) -> int:
@@ -281,7 +279,7 @@ def journal_space(machine: Machine) -> int | None:
 
 def journald(machine: Machine) -> Iterable[Finding]:
     burst, interval_text = rate_limit_settings(machine.root)
-    interval = parse_timespan(interval_text)
+    interval = timespan_seconds(interval_text)
     if burst == 0 or interval == 0:
         yield Finding("journald", "rate limit", Status.OK, "off: journald keeps every line")
         return

@@ -11,11 +11,11 @@ import dataclasses
 import os
 import sys
 
+from gpulaunch.base.argtext import printable
+from gpulaunch.base.names import ROOT_SLICE
 from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec, RankSpec
-from gpulaunch.plan.argtext import printable
 from gpulaunch.units.definitions import JobUnits, LaunchSetup, UnitDefinition
-from gpulaunch.units.names import ROOT_SLICE
 from gpulaunch.units.templates import Templates
 from gpulaunch.units.variables import AnchorVars, JobVars, LaunchVars, RankVars, TieVars
 

@@ -3,7 +3,7 @@
 The rank writes into two pipes (stdout, stderr) read by its log pump, which
 feeds the journal and passes every line on through two more pipes to the
 watcher's terminal output (logs/output.py). Both processes are held at their
-gates (watcher/procs.py) until the supervisor has contained them.
+gates (base/procs.py) until the supervisor has contained them.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+from gpulaunch.base.procs import fork_held, spawn_held
 from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
-from gpulaunch.watcher.procs import fork_held, spawn_held
 from gpulaunch.watcher.ranks import Rank
 
 

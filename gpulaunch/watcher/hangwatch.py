@@ -30,6 +30,7 @@ class HangWatch:
         clock: Callable[[], float],
         last_output: Callable[[], float],
         stacks_file: Path,
+        pyspy: str | None = None,
     ) -> None:
         self.timeout = timeout
         self.dump_stacks = dump_stacks
@@ -43,7 +44,8 @@ class HangWatch:
         self._timer: asyncio.TimerHandle | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
         if timeout is not None or dump_stacks:
-            self.pyspy = find_pyspy()  # checked before the job starts: one line if missing
+            # checked before the job starts (by start.py, or here): one line if missing
+            self.pyspy = pyspy or find_pyspy()
 
     def start(
         self,

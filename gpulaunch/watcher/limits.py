@@ -4,14 +4,14 @@ A login shell's soft RLIMIT_NOFILE is often 1024 (systemd's default, with a
 much higher hard limit: systemd.exec(5), `LimitNOFILE=`, which advises
 programs that need more to raise their own soft limit to the hard one). The
 watcher holds a few fds per rank, so a big job needs more than 1024: it raises
-its soft limit to the hard one when the job needs it (watcher/nofile.py), and each rank and log
+its soft limit to the hard one when the job needs it (base/nofile.py), and each rank and log
 pump gets the soft limit back before it runs (ranks see the limit the user
 had, as under torchrun; `select()`-based code in a rank must not see fds past
 FD_SETSIZE because of us). A job that cannot fit even then fails before
 anything is created, with one line naming the limit.
 
 What the watcher holds per rank, counted in watcher/loop.py (`_fork_rank`,
-`_open_gates`) and watcher/procs.py (`fork_held`):
+`_open_gates`) and base/procs.py (`fork_held`):
 
   rank pidfd, pump pidfd                             2
   live stdout and stderr pipes (read ends)           2

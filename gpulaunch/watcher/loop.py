@@ -17,6 +17,9 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from gpulaunch.base.interrupts import NOTICES, pending
+from gpulaunch.base.procs import kill_and_reap, reap
+from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
 from gpulaunch.logs.pump import JOURNAL_MISSED, JournalTarget
@@ -33,20 +36,17 @@ from gpulaunch.model import (
 )
 from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
-from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.plan.environment import attempt_environment
-from gpulaunch.resources.final import UsageReader
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
 from gpulaunch.watcher.eventloop import EventLoop
+from gpulaunch.watcher.final import UsageReader
 from gpulaunch.watcher.forkrank import fork_rank
 from gpulaunch.watcher.hangwatch import HangWatch
-from gpulaunch.watcher.interrupts import NOTICES, pending
 from gpulaunch.watcher.notices import pass_on
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
-from gpulaunch.watcher.procs import kill_and_reap, reap
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
 from gpulaunch.watcher.settle import Settle
 from gpulaunch.watcher.unmanaged import end_ranks

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.model import Cause, JobReport, JobSpec, Outcome, RankResult
-from gpulaunch.multinode.protocol import NodeFailure
 from gpulaunch.watcher.ranks import Rank
 
 

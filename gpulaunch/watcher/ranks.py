@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulaunch.base.cgroup import cgroup_of
+from gpulaunch.base.procs import HeldChild, kill_held
 from gpulaunch.model import RankExit, RankProgress, RankSpec, RankState, check_transition
-from gpulaunch.resources.cgroup import cgroup_of
-from gpulaunch.watcher.procs import HeldChild, kill_held
 
 
 @dataclass

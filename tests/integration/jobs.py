@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.jobapi.record import MESSAGE_ID
-from gpulaunch.units.names import UnitNames
 
 REPO = Path(__file__).resolve().parents[2]
 GPULAUNCH = str(Path(sys.executable).with_name("gpulaunch"))

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.jobapi import filerecord
-from gpulaunch.jobapi.view import JobState, JobView, RankView
+from gpulaunch.jobapi.rankview import RankView
+from gpulaunch.jobapi.view import JobState, JobView
 from sdbox.procs import first_child
 from tests.integration.container import Container, alive_script, container
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, SHARED, wait_until

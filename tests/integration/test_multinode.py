@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
+from gpulaunch.base.names import UnitNames
+from gpulaunch.base.protocol import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, NODE_LOST_STATUS
 from gpulaunch.jobapi.view import bus_name, object_path
-from gpulaunch.multinode.protocol import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, NODE_LOST_STATUS
-from gpulaunch.units.names import UnitNames
 from sdbox import Box, HostSystemd, host_systemd_running
 from tests.integration.conftest import box_files
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until

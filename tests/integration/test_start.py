@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.units.names import UnitNames
+from gpulaunch.base.names import UnitNames
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, REPO, Job, assert_clean, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from gpulaunch.frontend.unit import service_name
 from tests.integration.jobs import Job, assert_clean, wait_until
 from tests.integration.test_faults import record, slice_dir
 from tests.integration.test_frontend import make_user
@@ -79,7 +78,7 @@ def test_a_front_end_killed_before_it_owns_its_name(box: Any, job: Job) -> None:
     front end for 10 s after it sent it."""
     login = make_user(box, "glwindow", manager=True)
     os.chmod(job.dir, 0o777)
-    service = service_name(job.names)
+    service = job.names.launch_service
     proc = login.popen(job.argv("--nproc", "2", script_args=["--sleep", "300"]))
     front_end = login.frontend_pid(job)  # in the box
     tracer = job.box.popen(

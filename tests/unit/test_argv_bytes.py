@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpulaunch import cli
+from gpulaunch.base.argtext import not_utf8, printable
 from gpulaunch.frontend.argv import FLAG, pack_argv, unpack_argv
 from gpulaunch.frontend.unit import watcher_argv
-from gpulaunch.plan.argtext import not_utf8, printable
 
 ODD = [os.fsdecode(b"caf\xe9"), os.fsdecode(b"\xed\xa0\x80"), "ok", "", "a b"]
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.cli import _notice
 from gpulaunch.jobapi import filerecord
-from gpulaunch.jobapi.view import JobState, JobView, RankView
-from gpulaunch.multinode.slurm import resource_manager_step
+from gpulaunch.jobapi.rankview import RankView
+from gpulaunch.jobapi.view import JobState, JobView
 from gpulaunch.supervisor.pgroups import descendants
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.jobapi import filerecord, procid
-from gpulaunch.jobapi.view import JobState, JobView, RankView
+from gpulaunch.jobapi.rankview import RankView
+from gpulaunch.jobapi.view import JobState, JobView
 from gpulaunch.watcher import errorfile
 
 

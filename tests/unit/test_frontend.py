@@ -7,18 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.base.names import UnitNames, unit_object_path
+from gpulaunch.base.userbus import UserManager, find_user_manager, socket_problem
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.frontend.need import needs_frontend, own_cgroup
 from gpulaunch.frontend.unit import (
     environment,
     exit_status,
-    service_name,
-    unit_object_path,
     watcher_argv,
 )
-from gpulaunch.frontend.userbus import UserManager, find_user_manager, socket_problem
 from gpulaunch.model import Manager
-from gpulaunch.units.names import UnitNames
 
 
 @pytest.mark.parametrize(
@@ -133,7 +131,7 @@ def test_unit_object_path_escapes_like_systemd() -> None:
 
 def test_service_name_and_exit_status() -> None:
     # The service's properties: tests/unit/test_service_templates.py (units/launch.service).
-    assert service_name(UnitNames.for_job("j")) == "gpulaunch-j-launch.service"
+    assert UnitNames.for_job("j").launch_service == "gpulaunch-j-launch.service"
     assert exit_status(1, 7) == 7
     assert exit_status(2, 9) == 137
     assert exit_status(0, 0) is None

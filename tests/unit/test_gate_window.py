@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from gpulaunch import cli
+from gpulaunch.base.procs import fork_held, reap
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
-from gpulaunch.watcher.procs import fork_held, reap
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 
 

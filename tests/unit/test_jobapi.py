@@ -16,6 +16,7 @@ from dbus_fast import Variant
 from dbus_fast.introspection import Node
 from dbus_fast.validators import is_bus_name_valid, is_object_path_valid
 
+from gpulaunch.base.detach import Detached, tail_overlap
 from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.interface import (
@@ -25,12 +26,12 @@ from gpulaunch.jobapi.interface import (
     interface_xml,
     packaging_dir,
 )
+from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.record import Recorder
 from gpulaunch.jobapi.view import (
     INTERFACE,
     JobState,
     JobView,
-    RankView,
     bus_label,
     bus_name,
     is_job_name,
@@ -38,7 +39,6 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.watcher.detach import Detached, tail_overlap
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 

@@ -4,9 +4,9 @@ import ctypes
 import json
 from pathlib import Path
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.logs.journal import logs_command, parse_entries, rank_units_pattern, rate_limit_burst
 from gpulaunch.model import Manager
-from gpulaunch.units.names import UnitNames
 
 
 def conf(root: Path, rel: str, text: str) -> None:

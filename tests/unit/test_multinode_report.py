@@ -12,10 +12,12 @@ import pytest
 from dbus_fast import Variant
 from dbus_fast.introspection import Node
 
+from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.interface import interface_xml
+from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.record import Recorder
-from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView, RankView
+from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView
 from gpulaunch.model import (
     Cause,
     JobProgress,
@@ -25,7 +27,6 @@ from gpulaunch.model import (
     RankResult,
     job_outcome,
 )
-from gpulaunch.multinode.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.report import format_report, headline, nodes_line
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher

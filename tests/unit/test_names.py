@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gpulaunch.units.names import HASHED_LENGTH, UnitNames, escape, validate_job_id
+from gpulaunch.base.names import HASHED_LENGTH, UnitNames, escape, validate_job_id
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from gpulaunch import cli
+from gpulaunch.base.protocol import Backend, Layout, NodeConfig, NodeInfo
 from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec
-from gpulaunch.multinode.options import (
+from gpulaunch.plan.nodes import (
     C10D_PORT,
     LOCALHOST,
     STATIC_PORT,
@@ -29,9 +30,8 @@ from gpulaunch.multinode.options import (
     plan_nodes,
     split_endpoint,
 )
-from gpulaunch.multinode.protocol import Backend, Layout, NodeConfig, NodeInfo
 from gpulaunch.plan.placement import Machine
-from gpulaunch.plan.spec import StartOptions, make_spec
+from gpulaunch.plan.spec import StartOptions, draft_job, make_spec, number_ranks
 from tests.unit.test_placement import Untouchable
 from tests.unit.test_placement import options as placement_options
 
@@ -619,6 +619,19 @@ def spec(
     script: Path, env: Mapping[str, str] | None = None, lay: Layout | None = None, **kw: object
 ) -> JobSpec:
     return make_spec(options(script, **kw), env or {}, str(script.parent), NO_MACHINE, lay)
+
+
+def test_a_multi_node_job_is_planned_once(script: Path) -> None:
+    """start.py drafts the job once (options checked, ranks placed); the rendezvous's
+    layout only numbers its ranks, exactly as planning with the layout would."""
+    nodes = NodeOptions(nnodes="3", node_rank=1)
+    opts = options(script, job="j", master_addr="node0", master_port=29500, nodes=nodes)
+    draft = draft_job(opts, {}, str(script.parent), NO_MACHINE)
+    before = number_ranks(draft)
+    after = number_ranks(draft, layout())
+    assert [r.rank for r in before.ranks] == [0, 1, 2] and before.layout is None
+    assert after == make_spec(opts, {}, str(script.parent), NO_MACHINE, layout())
+    assert [r.rank for r in after.ranks] == [2, 3, 4] and after.world_size == 7
 
 
 def test_multi_node_ranks_get_torchruns_environment(script: Path) -> None:

@@ -1,4 +1,4 @@
-"""What the nodes tell each other: the JSON codecs of multinode/protocol.py and the peer."""
+"""What the nodes tell each other: the JSON codecs of base/protocol.py and the peer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpulaunch.multinode.protocol import (
+from gpulaunch.base.protocol import (
     Backend,
     Command,
     Event,

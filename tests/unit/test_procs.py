@@ -17,8 +17,8 @@ from gpulaunch.watcher.limits import Limits, job_does_not_fit, job_needs
 
 PRELUDE = """
 import json, os, resource, sys
-from gpulaunch.watcher import nofile
-from gpulaunch.watcher.procs import reap, spawn_held
+from gpulaunch.base import nofile
+from gpulaunch.base.procs import reap, spawn_held
 
 def run(argv, fds):
     child = spawn_held(argv, {"PATH": os.environ["PATH"]}, fds)

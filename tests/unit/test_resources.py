@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
-from gpulaunch.jobapi.view import JobState, JobView, RankView
+from gpulaunch.base import cgroup as cg
+from gpulaunch.jobapi.rankview import RankView
+from gpulaunch.jobapi.targets import targets
+from gpulaunch.jobapi.view import JobState, JobView
 from gpulaunch.model import (
     Cause,
     JobReport,
@@ -23,8 +26,15 @@ from gpulaunch.model import (
     format_bytes,
 )
 from gpulaunch.report import format_report, headline
-from gpulaunch.resources import cgroup as cg
-from gpulaunch.resources.final import (
+from gpulaunch.resources.nvml import Gpus, open_gpus
+from gpulaunch.resources.sample import (
+    SHARED_CGROUP,
+    RankTarget,
+    Sampler,
+    nested_pid_namespace,
+)
+from gpulaunch.resources.view import render
+from gpulaunch.watcher.final import (
     CPU_FROM_CGROUP,
     CPU_FROM_WAIT4,
     FROM_EVENTS,
@@ -34,15 +44,6 @@ from gpulaunch.resources.final import (
     oom_kill,
     usage,
 )
-from gpulaunch.resources.nvml import Gpus, open_gpus
-from gpulaunch.resources.sample import (
-    SHARED_CGROUP,
-    RankTarget,
-    Sampler,
-    nested_pid_namespace,
-    targets,
-)
-from gpulaunch.resources.view import render
 
 GiB = 1 << 30
 UNIT = "gpulaunch-j-rank0.scope"
@@ -269,7 +270,7 @@ def test_oom_from_memory_events(tmp_path: Path) -> None:
 
 def test_oom_names_the_limit_of_an_ancestor(tmp_path: Path) -> None:
     """--job-memory-max: the rank's scope has no memory.max of its own, the job slice has."""
-    from gpulaunch.resources import cgroup as cg
+    from gpulaunch.base import cgroup as cg
 
     root = tmp_path / "cg"
     scope = root / "gpulaunch.slice/job.slice/job-ranks.slice/job-rank0.scope"
@@ -356,7 +357,7 @@ def test_the_report_names_the_oom_kill_and_shows_usage() -> None:
 
 
 def test_the_record_keeps_usage_and_oom() -> None:
-    from gpulaunch.jobapi.view import ranks_json
+    from gpulaunch.jobapi.rankview import ranks_json
 
     report = oom_report()
     view = RankView(1, 1, "u", 11, "exited", -1, 9, False, 137, 60.0,

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpulaunch.errors import UsageError
-from gpulaunch.multinode.slurm import (
+from gpulaunch.base.slurm import (
     SlurmStep,
     first_host,
     slurm_job_name,
     slurm_master_port,
     slurm_step,
 )
+from gpulaunch.errors import UsageError
 
 # What `srun --nodes=2 --ntasks-per-node=1` exports on the second node of a
 # larger allocation (the job has 4 nodes, the step 2).

@@ -87,10 +87,23 @@ def test_setup_on_the_machine_needs_root() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30s", 30.0), ("30", 30.0), ("1min 30s", 90.0), ("500ms", 0.5), ("0", 0.0), ("x", None)],
+    [
+        ("30s", 30.0),
+        ("30", 30.0),
+        ("1min 30s", 90.0),
+        ("500ms", 0.5),
+        ("0", 0.0),
+        ("x", None),
+        # the doctor once called these "unreadable" (its own parser knew no days or hr)
+        ("1d", 86400.0),
+        ("2hr", 7200.0),
+        ("1h 30min", 5400.0),
+        ("infinity", float("inf")),
+        ("-5s", None),
+    ],
 )
-def test_parse_timespan(text: str, seconds: float | None) -> None:
-    assert checks.parse_timespan(text) == seconds
+def test_timespan_seconds(text: str, seconds: float | None) -> None:
+    assert checks.timespan_seconds(text) == seconds
 
 
 @pytest.mark.parametrize(
@@ -114,6 +127,17 @@ def test_journald_with_the_drop_in_keeps_everything(tmp_path: Path) -> None:
     target.write_bytes(JOURNALD_DROP_IN.source.read_bytes())
     (finding,) = checks.journald(machine(tmp_path))
     assert finding.status is Status.OK and "keeps 100.0%" in finding.detail
+
+
+@pytest.mark.parametrize("interval", ["1d", "2hr"])
+def test_the_doctor_reads_journald_intervals_as_systemd_does(interval: str, tmp_path: Path) -> None:
+    """Once "unreadable": the doctor's own parser knew no days and no `hr`."""
+    write(
+        tmp_path / "etc/systemd/journald.conf.d/x.conf",
+        f"[Journal]\nRateLimitIntervalSec={interval}\nRateLimitBurst=5\n",
+    )
+    (finding,) = checks.journald(machine(tmp_path))
+    assert "unreadable" not in finding.detail and "5 lines per" in finding.detail, finding.detail
 
 
 def write(path: Path, text: str) -> None:

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import JobExistsError, SystemdError, UnavailableError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
-from gpulaunch.supervisor.anchor import anchor_name
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.supervisor.systemd_api import JobDone, JobEvent, JobQueued, UnitState
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
-from gpulaunch.units.names import UnitNames
 from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
 from gpulaunch.watcher.settle import LEFTOVER_S, Settle
@@ -152,7 +151,7 @@ def make_job(
         ranks_slice=unit(names.ranks_slice),
         watcher=unit(names.watcher_scope),
         ranks=tuple(unit(r.unit) for r in ranks),
-        anchor=lambda pid: unit(anchor_name(names.job_slice)),
+        anchor=lambda pid: unit(names.anchor_service),
         launch=lambda setup: unit(names.launch_service),
         tie=lambda pid: unit(names.tie_service),
     )
@@ -204,7 +203,7 @@ def test_all_succeed(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:
     assert ("stop", units.ranks_slice.name) in sd.calls
     # the job slice comes with the anchor, in one call (supervisor/anchor.py)
     assert [c for c in sd.calls if c[0] in ("start", "aux")][:4] == [
-        ("start", anchor_name(units.job_slice.name)),
+        ("start", spec.names.anchor_service),
         ("aux", units.job_slice.name),
         ("start", units.watcher.name),
         ("start", units.ranks_slice.name),

@@ -12,9 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from gpulaunch.base.protocol import Backend, NodeConfig
+from gpulaunch.base.slurm import slurm_job_name, slurm_step
 from gpulaunch.errors import UsageError
-from gpulaunch.multinode.protocol import Backend, NodeConfig
-from gpulaunch.multinode.slurm import slurm_job_name, slurm_step
 from gpulaunch.plan.bounds import MAX_NNODES
 
 STATIC_PORT = 29500  # torchrun's --master-port default

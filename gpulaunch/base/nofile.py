@@ -1,7 +1,7 @@
 """Raising the watcher's soft RLIMIT_NOFILE, and giving each child the user's back.
 
 Apart from watcher/limits.py (which says how much a job needs) so that
-watcher/procs.py, which restores the limit in every child, imports nothing else.
+base/procs.py, which restores the limit in every child, imports nothing else.
 """
 
 from __future__ import annotations

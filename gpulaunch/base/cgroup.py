@@ -15,22 +15,35 @@ PROC = Path("/proc")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def cgroup_of(pid: int, proc: Path = PROC, root: Path = CGROUP_ROOT) -> Path | None:
+def unified_path(text: str) -> str | None:
+    """The cgroup v2 path in a `/proc/PID/cgroup` text (its `0::` line), as written there.
+
+    The one parser of that file. In a cgroup namespace the path is relative to the
+    namespace's root; `/..` means outside our view.
+    """
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip()
+    return None
+
+
+def proc_cgroup(pid: int | str = "self", proc: Path = PROC) -> str | None:
+    """`unified_path` of a process (`self`: this one); None if it is gone or has none."""
+    try:
+        return unified_path((proc / str(pid) / "cgroup").read_text())
+    except OSError:
+        return None
+
+
+def cgroup_of(pid: int | str, proc: Path = PROC, root: Path = CGROUP_ROOT) -> Path | None:
     """The cgroup v2 directory of a live process (its `0::` line), or None if it is gone.
 
     A zombie's `/proc/PID/cgroup` no longer names its unit: read it while it runs.
     """
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
+    rel = proc_cgroup(pid, proc)
+    if rel is None or not rel.startswith("/") or "/.." in rel:
         return None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            rel = line[3:].strip()
-            if not rel.startswith("/") or "/.." in rel:
-                return None
-            return root / rel.lstrip("/")
-    return None
+    return root / rel.lstrip("/")
 
 
 def procs(cgroup: Path) -> list[int]:

@@ -29,11 +29,11 @@ import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from gpulaunch.base import cgroup as cg
+from gpulaunch.base.procs import HeldChild, WaitStatus, reap_with_usage
 from gpulaunch.model import JobSpec, OomKill, RankUsage
-from gpulaunch.resources import cgroup as cg
 from gpulaunch.resources.nvml import Gpus
 from gpulaunch.units.values import parse_size
-from gpulaunch.watcher.procs import HeldChild, WaitStatus, reap_with_usage
 
 CPU_FROM_CGROUP = "the unit's cgroup (cpu.stat)"
 CPU_FROM_WAIT4 = "wait4 (the rank and the children it waited for)"

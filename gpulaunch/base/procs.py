@@ -17,8 +17,8 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulaunch.base import nofile
 from gpulaunch.linux import set_parent_death_signal
-from gpulaunch.watcher import nofile
 
 # Exit codes of a child that never reached the script.
 GATE_CLOSED = 126  # the watcher went away or gave up before opening the gate

@@ -99,28 +99,94 @@ class UnitNames:
         return cls(job=job, component=escape(job))
 
     @property
+    def stem(self) -> str:
+        """`gpulaunch-<escaped job>`: every name of the job starts with it (the direct
+        supervisor's cgroup is named this)."""
+        return f"{PREFIX}-{self.component}"
+
+    @property
     def job_slice(self) -> str:
-        return f"{PREFIX}-{self.component}.slice"
+        return f"{self.stem}.slice"
 
     @property
     def ranks_slice(self) -> str:
-        return f"{PREFIX}-{self.component}-ranks.slice"
+        return f"{self.stem}-ranks.slice"
 
     @property
     def watcher_scope(self) -> str:
-        return f"{PREFIX}-{self.component}-watcher.scope"
+        return f"{self.stem}-watcher.scope"
 
     @property
     def anchor_service(self) -> str:
-        return f"{PREFIX}-{self.component}-anchor.service"
+        return f"{self.stem}-anchor.service"
 
     @property
     def launch_service(self) -> str:
-        return f"{PREFIX}-{self.component}-launch.service"
+        return f"{self.stem}-launch.service"
 
     @property
     def tie_service(self) -> str:
-        return f"{PREFIX}-{self.component}-tie.service"
+        return f"{self.stem}-tie.service"
 
     def rank_scope(self, rank: int) -> str:
-        return f"{PREFIX}-{self.component}-rank{rank}.scope"
+        return f"{self.stem}-rank{rank}.scope"
+
+
+# The job API's names on D-Bus (gpulaunch/jobapi/): the job id escaped for a bus name
+# and an object path.
+NAME_PREFIX = "io.gpulaunch.job"
+PATH_PREFIX = "/io/gpulaunch/job"
+
+_BUS_NAME_MAX = 255
+_LABEL_MAX = _BUS_NAME_MAX - len(NAME_PREFIX) - 1
+_PLAIN = re.compile(rb"[A-Za-z0-9]")
+
+
+def bus_label(job: str) -> str:
+    """Escape a job id into one bus-name element / object-path element."""
+    raw = job.encode("utf-8", "surrogateescape")
+    out = []
+    for i, byte in enumerate(raw):
+        char = bytes([byte])
+        if _PLAIN.fullmatch(char) and not (i == 0 and char.isdigit()):
+            out.append(char.decode())
+        else:
+            out.append(f"_{byte:02x}")
+    label = "".join(out) or "_"
+    if len(label) > _LABEL_MAX:
+        digest = hashlib.sha256(raw).hexdigest()[:32]
+        head = label[: _LABEL_MAX - len(digest) - 2]
+        cut = head.rfind("_")
+        if cut >= len(head) - 2:  # never cut an escape in half
+            head = head[:cut]
+        label = f"{head}_h{digest}"
+    return label
+
+
+def bus_name(job: str) -> str:
+    """The well-known name a job's watcher owns: `io.gpulaunch.job.<label>`."""
+    return f"{NAME_PREFIX}.{bus_label(job)}"
+
+
+def object_path(job: str) -> str:
+    """The job's object: `/io/gpulaunch/job/<label>`."""
+    return f"{PATH_PREFIX}/{bus_label(job)}"
+
+
+def is_job_name(name: str) -> bool:
+    return name.startswith(NAME_PREFIX + ".")
+
+
+SYSTEMD_UNIT_PATH = "/org/freedesktop/systemd1/unit/"
+
+
+def unit_object_path(unit: str) -> str:
+    """systemd's object path of a unit (sd_bus_path_encode's escaping)."""
+    out = []
+    for i, byte in enumerate(unit.encode()):
+        char = chr(byte)
+        if char.isascii() and (char.isalpha() or (char.isdigit() and i > 0)):
+            out.append(char)
+        else:
+            out.append(f"_{byte:02x}")
+    return SYSTEMD_UNIT_PATH + ("".join(out) or "_")

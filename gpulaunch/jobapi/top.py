@@ -17,9 +17,10 @@ import time
 
 from gpulaunch.errors import UnknownJobError
 from gpulaunch.jobapi.client import JobClient, run
+from gpulaunch.jobapi.targets import targets
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.resources.nvml import Gpus, open_gpus
-from gpulaunch.resources.sample import JobSample, Sampler, targets
+from gpulaunch.resources.sample import JobSample, Sampler
 from gpulaunch.resources.view import render
 
 

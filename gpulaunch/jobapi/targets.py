@@ -1,0 +1,32 @@
+"""The ranks `top` and `status --resources` measure, from a job's view on the bus.
+
+resources/sample.py measures pids and units and knows nothing of the job API; this is the
+one place that turns a `JobView` into what it measures.
+"""
+
+from __future__ import annotations
+
+from gpulaunch.jobapi.view import JobView
+from gpulaunch.resources.sample import RankTarget
+
+
+def targets(view: JobView) -> tuple[list[RankTarget], bool]:
+    """The ranks to look at, from the job's view on the bus; and whether it has LastOutput.
+
+    For `top` and `status --resources` (resources/sample.py measures pids and units).
+    """
+    known = len(view.last_output) == len(view.ranks)
+    out = []
+    for i, r in enumerate(view.ranks):
+        stamp = view.last_output[i] if known else 0
+        out.append(
+            RankTarget(
+                rank=r.rank,
+                unit=r.unit,
+                pid=r.pid,
+                state=r.state,
+                last_output=stamp / 1e6 if stamp else None,
+                watcher_pid=view.watcher_pid,
+            )
+        )
+    return out, known
