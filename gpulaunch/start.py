@@ -42,7 +42,14 @@ if TYPE_CHECKING:
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
-    """The job and its units, decided before anything starts (bad input fails here)."""
+    """The job and its units, decided before anything starts (bad input fails here).
+
+    `--gpus auto:N` not leased yet (render, the checks before the start): the pool's
+    first N GPUs stand in for those the lease will give (_lease)."""
+    if opts.gpu_lease is not None and opts.resources.gpus is None:
+        from gpulaunch.leases.request import unleased
+
+        opts = unleased(opts, opts.gpu_lease)
     spec = make_spec(opts, default_environment(), working_directory(), layout=layout)
     return spec, render_units(spec, Templates(opts.units_dirs))
 
@@ -190,6 +197,8 @@ def start(
         detached = Detached.fork() if detach else None
     if detached is not None and detached.is_parent:
         return detached.wait_started(spec.job)  # the child runs the watcher
+    if opts.gpu_lease is not None:  # before the keeper: it holds the lease too (leases/store.py)
+        opts, spec, units = _lease(opts, spec)
     # The direct supervisor's keeper (supervisor/keeper.py): forked before anything of the
     # job exists (a multi-node job's peer too) where the direct supervisor is sure or no
     # systemd booted this machine; else once it is chosen (below).
@@ -283,6 +292,21 @@ def start(
             ignore_interrupts()  # the end is decided: its status is the exit status
     print(format_report(report), file=sys.stderr, flush=True)
     return report.status
+
+
+def _lease(opts: StartOptions, spec: JobSpec) -> tuple[StartOptions, JobSpec, JobUnits]:
+    """`--gpus auto:N`: lease the GPUs (held by this process until it exits), and plan
+    the same job (its id kept) on them."""
+    import atexit
+
+    from gpulaunch.leases.holders import remove_note, write_note
+    from gpulaunch.leases.request import take
+
+    assert opts.gpu_lease is not None
+    opts, _held = take(replace(opts, job=spec.job), opts.gpu_lease, opts.wait_for_gpus)
+    spec, units = plan(opts)
+    atexit.register(remove_note, write_note(spec.job, opts.machine_root))
+    return opts, spec, units
 
 
 def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulaunch.errors import UsageError
+from gpulaunch.leases.ask import LeaseRequest
 from gpulaunch.model import JobSpec, Manager, RankSpec, SupervisorKind
 from gpulaunch.multinode.options import NodeOptions, plan_nodes
 from gpulaunch.multinode.protocol import Layout
@@ -76,6 +77,9 @@ class StartOptions:
     nodes: NodeOptions = NodeOptions()  # --nnodes, --node-rank, --rdzv-*, --local-addr
     signal_whole_rank: bool = False  # --signal-whole-rank
     supervisor: SupervisorKind = SupervisorKind.AUTO  # --supervisor (supervisor/choose.py)
+    # --gpus auto:N, --wait-for-gpus: leased before the plan (gpulaunch/leases/)
+    gpu_lease: LeaseRequest | None = None
+    wait_for_gpus: bool = False
 
 
 def job_stem(script: str) -> str:

@@ -1,0 +1,117 @@
+"""`--gpus auto:N`: N GPUs no other gpulaunch job on this machine holds, leased before the plan.
+
+`take(opts)` finds the pool (CUDA_VISIBLE_DEVICES of this machine's GPUs), takes
+the first N free GPUs of it in order (non-blocking flocks: store.py) and gives
+back the options with `--gpus` set to their positions in the pool, so that the
+plan places ranks on them as if the user had named them. Too few free GPUs: the
+job is refused at once, naming every holder (holders.py), or, with
+`--wait-for-gpus`, it waits for the first busy GPU to be freed (a blocking
+flock: no polling) and tries again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+
+from gpulaunch.errors import UnavailableError, UsageError
+from gpulaunch.leases.ask import LeaseRequest
+from gpulaunch.leases.holders import holders
+from gpulaunch.leases.store import Lease, open_lock, store_fd, store_uid, try_lock
+from gpulaunch.plan.gpus import Gpu, visible_pool
+from gpulaunch.plan.placement import Machine
+from gpulaunch.plan.spec import StartOptions
+
+
+class GpusBusyError(UnavailableError):
+    """Fewer free GPUs than the job asks for (exit 69), naming who holds the others."""
+
+
+def _pool(opts: StartOptions) -> tuple[Gpu, ...]:
+    machine = Machine.fake(opts.machine_root) if opts.machine_root else Machine.this()
+    return visible_pool(machine.inventory.gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _positions(opts: StartOptions, pool: tuple[Gpu, ...], chosen: tuple[Gpu, ...]) -> StartOptions:
+    gpus = tuple(pool.index(g) for g in chosen)
+    nproc = opts.nproc if opts.nproc not in ("gpu", "auto") else len(gpus)
+    return replace(opts, resources=replace(opts.resources, gpus=gpus), nproc=nproc)
+
+
+def unleased(opts: StartOptions, request: LeaseRequest) -> StartOptions:
+    """The options as `render` (and a front end's first plan) shows them: the pool's
+    first N GPUs, nothing leased (the watcher leases when it starts)."""
+    pool = _pool(opts)
+    return _positions(opts, pool, pool[: request.count])
+
+
+def take(
+    opts: StartOptions, request: LeaseRequest, wait: bool = False
+) -> tuple[StartOptions, Lease]:
+    """The options with the leased GPUs as `--gpus`, and the lease (hold it for the job)."""
+    pool = _pool(opts)
+    if len(pool) < request.count:
+        raise UsageError(
+            f"--gpus {request}: this machine has {len(pool)} GPU(s)"
+            + (
+                " that CUDA_VISIBLE_DEVICES leaves visible"
+                if "CUDA_VISIBLE_DEVICES" in os.environ
+                else ""
+            ),
+            "ask for fewer",
+        )
+    root = opts.machine_root
+    trusted = store_uid(root)
+    announced = False
+    with store_fd(root, pool) as store:
+        while True:
+            lease = Lease(())
+            got: list[Gpu] = []
+            busy: list[tuple[Gpu, int]] = []
+            for gpu in pool:
+                if len(got) == request.count:
+                    break
+                fd = open_lock(store, gpu, trusted)
+                if fd is None:
+                    lease.close()
+                    raise GpusBusyError(
+                        f"--gpus {request}: GPU {gpu.index} ({gpu.bus_id}) has no lock file "
+                        "of root's in the lease store",
+                        "run `sudo gpulaunch setup` (or a root job with --gpus auto:N) so that "
+                        "root makes the lock files of this boot",
+                    )
+                if try_lock(fd):
+                    lease.fds.append(fd)
+                    got.append(gpu)
+                else:
+                    busy.append((gpu, fd))
+            if len(got) == request.count:
+                for _, fd in busy:
+                    os.close(fd)
+                return _positions(opts, pool, tuple(got)), replace(lease, gpus=tuple(got))
+            lease.close()
+            held = holders([g for g, _ in busy], root)
+            if not wait:
+                for _, fd in busy:
+                    os.close(fd)
+                raise GpusBusyError(
+                    f"--gpus {request}: only {len(got)} of {len(pool)} GPU(s) free; held by "
+                    + "; ".join(h.describe() for h in held),
+                    "wait for one of them to end, or start with --wait-for-gpus to queue",
+                )
+            if not announced:
+                print(
+                    f"gpulaunch: waiting for {request.count} free GPU(s) (--wait-for-gpus); "
+                    "held by " + "; ".join(h.describe() for h in held),
+                    file=sys.stderr,
+                    flush=True,
+                )
+                announced = True
+            first, fd = busy[0]
+            for _, other in busy[1:]:
+                os.close(other)
+            try:
+                try_lock(fd, block=True)  # woken when its holder's lease ends
+            finally:
+                os.close(fd)  # then every GPU is tried again, in order
