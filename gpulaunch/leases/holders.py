@@ -95,7 +95,7 @@ def _unit(pid: int, proc: Path) -> str:
         return "?"
     for line in text.splitlines():
         if line.startswith("0::"):
-            return line[3:].rstrip("/").rpartition("/")[2] or "-"
+            return line[3:].rstrip("/").rpartition("/")[2] or "none (the root cgroup)"
     return "?"
 
 

@@ -70,7 +70,7 @@ def open_store(root: Path | None = None, gpus: Sequence[Gpu] = ()) -> int:
     """
     path = lease_dir(root)
     is_root = os.geteuid() == 0
-    if is_root:
+    if is_root or root is not None:  # a test's fake machine: its tester makes it
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o755)
