@@ -1,0 +1,113 @@
+"""GPU leases under a real systemd (issue 28): root's and an ordinary user's jobs share two fake
+GPUs (`--machine-root`, tests/fake_machine.py), a third job is refused naming both holders, and a
+SIGKILLed watcher's GPU is free for the next job at once (the kernel drops its flock)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpulaunch.units.names import UnitNames
+from tests.fake_machine import FakeGpu, write_fake_machine
+from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, REPO, Job, wait_until
+from tests.integration.test_dbus import box_user
+
+__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
+
+pytestmark = pytest.mark.integration
+
+BUSES = ["0000:1b:00.0", "0000:3d:00.0"]
+
+
+def fake_machine(job: Job) -> Path:
+    root = write_fake_machine(
+        job.dir / "machine",
+        [
+            FakeGpu(BUSES[0], 0, "GPU-0a0a0a0a-1111-2222-3333-444444444444"),
+            FakeGpu(BUSES[1], 1, "GPU-1b1b1b1b-1111-2222-3333-444444444444"),
+        ],
+    )
+    for d in (job.dir, *job.dir.rglob("*")):
+        if d.is_dir():
+            d.chmod(0o777)  # the ordinary user's job writes pid files beside root's
+    return root
+
+
+def start(job: Job, job_id: str, machine: Path, prefix: list[str]) -> subprocess.Popen[str]:
+    sub = job.dir / job_id
+    sub.mkdir(mode=0o777)
+    sub.chmod(0o777)
+    argv = [GPULAUNCH, "start", "--job", job_id, "--machine-root", str(machine)]
+    argv += ["--gpus", "auto:1", RANK_SCRIPT, "--dir", str(sub), "--sleep", "300"]
+    proc: subprocess.Popen[str] = job.box.popen(
+        [*prefix, *argv],
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(lambda: (sub / "rank0.ready").exists() or proc.poll() is not None, 60, job_id)
+    assert proc.poll() is None, proc.communicate()[1]
+    return proc
+
+
+def refused(job: Job, machine: Path) -> str:
+    res = job.box.run(
+        [GPULAUNCH, "start", "--job", job.id + "-c", "--machine-root", str(machine)]
+        + ["--gpus", "auto:1", RANK_SCRIPT, "--dir", str(job.dir), "--sleep", "300"],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 69, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr  # one line
+    return res.stderr
+
+
+def holder_pid(line: str, bus: str) -> int:
+    found = re.search(rf"\({re.escape(bus)}\): job \S+, user \S+, unit \S+, pid (\d+)", line)
+    assert found, line
+    return int(found[1])
+
+
+def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
+    job: Job, box_user: tuple[int, list[str]]
+) -> None:
+    _, as_user = box_user
+    machine = fake_machine(job)
+    a, b = job.id + "-a", job.id + "-b"
+    procs = []
+    try:
+        procs.append(start(job, a, machine, []))  # root's: GPU 0, and root makes the store
+        procs.append(start(job, b, machine, as_user))  # the user's: GPU 1
+        ranks = [(job.dir / j / "rank0.pid").read_text() for j in (a, b)]
+        line = refused(job, machine)
+        assert f"GPU 0 ({BUSES[0]}): job {a}, user root, unit " in line, line
+        assert f"GPU 1 ({BUSES[1]}): job {b}, user gljob, unit " in line, line
+        # each rank sees its leased GPU only
+        assert ranks[0] != ranks[1]
+        for victim, bus in ((procs[1], BUSES[1]), (procs[0], BUSES[0])):
+            pid = holder_pid(line, bus)  # the watcher, as the kernel's /proc/locks names it
+            job.box.run(["kill", "-KILL", str(pid)], check=True)
+            wait_until(
+                lambda p=pid: (
+                    job.box.run(["kill", "-0", str(p)], capture_output=True).returncode != 0
+                ),
+                30,
+                f"watcher {pid} gone",
+            )
+            d = job.id + "-d" + bus[5:7]
+            procs.append(start(job, d, machine, []))  # at once: no retry, no wait
+            line = refused(job, machine)
+            assert f"({bus}): job {d}, user root" in line, line
+            victim.wait(60)
+    finally:
+        for name in (a, b, job.id + "-d1b", job.id + "-d3d"):
+            slice_ = UnitNames.for_job(name).job_slice
+            job.box.run(["systemctl", "stop", slice_], capture_output=True)
+        for proc in procs:
+            proc.communicate(timeout=60)
