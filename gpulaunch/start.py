@@ -295,15 +295,17 @@ def start(
 
 
 def _lease(opts: StartOptions, spec: JobSpec) -> tuple[StartOptions, JobSpec, JobUnits]:
-    """`--gpus auto:N`: lease the GPUs (held by this process until it exits), and plan
-    the same job (its id kept) on them."""
+    """`--gpus auto:N`: lease the GPUs (held by this process until it exits, and by the
+    ranks it forks: leases/store.py), and plan the same job (its id kept) on them."""
     import atexit
 
     from gpulaunch.leases.holders import remove_note, write_note
     from gpulaunch.leases.request import take
+    from gpulaunch.leases.store import hold_for_ranks
 
     assert opts.gpu_lease is not None
-    opts, _held = take(replace(opts, job=spec.job), opts.gpu_lease, opts.wait_for_gpus)
+    opts, lease = take(replace(opts, job=spec.job), opts.gpu_lease, opts.wait_for_gpus)
+    hold_for_ranks(lease)
     spec, units = plan(opts)
     atexit.register(remove_note, write_note(spec.job, opts.machine_root))
     return opts, spec, units

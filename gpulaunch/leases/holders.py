@@ -44,6 +44,11 @@ class Holder:
     job: str | None
 
     def describe(self) -> str:
+        if self.user == "?":  # the process that took it is gone: its ranks hold it still
+            return (
+                f"GPU {self.gpu.index} ({self.gpu.bus_id}): a job whose watcher (pid {self.pid}) "
+                "is gone, until its ranks have ended"
+            )
         job = self.job if self.job is not None else "?"
         return (
             f"GPU {self.gpu.index} ({self.gpu.bus_id}): job {job}, user {self.user}, "

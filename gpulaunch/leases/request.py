@@ -11,7 +11,10 @@ flock: no polling) and tries again.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import signal
 import sys
 from dataclasses import replace
 
@@ -108,10 +111,36 @@ def take(
                     flush=True,
                 )
                 announced = True
-            first, fd = busy[0]
-            for _, other in busy[1:]:
-                os.close(other)
             try:
-                try_lock(fd, block=True)  # woken when its holder's lease ends
+                wait_for_any([fd for _, fd in busy])  # woken when one of them is freed
             finally:
-                os.close(fd)  # then every GPU is tried again, in order
+                for _, fd in busy:
+                    os.close(fd)  # then every GPU is tried again, in order
+
+
+def wait_for_any(fds: list[int]) -> None:
+    """Block until the lock of one of `fds` can be taken (no polling).
+
+    A blocking flock cannot wait on several files, nor be called off; so one child
+    per fd blocks in it and exits when it got the lock (the lock stays with the open
+    file, which we close to try again); we wait for the first child's pidfd, then
+    SIGKILL and reap the others.
+    """
+    children: dict[int, int] = {}  # pidfd -> pid
+    try:
+        for fd in fds:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - in the child
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    try_lock(fd, block=True)
+                finally:
+                    os._exit(0)
+            children[os.pidfd_open(pid)] = pid
+        select.select(list(children), [], [])
+    finally:
+        for pidfd, pid in children.items():
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(pidfd)

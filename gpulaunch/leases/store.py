@@ -1,19 +1,22 @@
 """The GPU lease store: one lock file per GPU, flock(2)ed by the job that holds it.
 
-Where: `/run/gpulaunch/gpus/<PCI bus id>` (a tmpfs: a reboot frees every lease).
-The directory and its files are root's (0755 and 0644), made by root (`gpulaunch
-setup`, or root's first job asking for a lease), so no ordinary user can replace
+Where: `/run/gpulaunch/gpus/nvidia<minor>`, named for the GPU's device node (a tmpfs:
+a reboot frees every lease). The directory and its files are root's (0755 and 0644),
+made by root (at boot by tmpfiles.d for minors 0-15 once `gpulaunch setup` installed
+its entry; by root's first job asking for a lease for any other), so no ordinary user can replace
 or remove a lock file another job has locked; anybody can open one read-only,
 and flock(2) needs nothing more. An ordinary user therefore competes with root
 and every other user for the same locks, but can neither take a GPU someone
 holds nor make a lock of root's go away.
 
 A lease is an open file description with an exclusive flock on it. The kernel
-drops the lock when the last fd of it closes: the watcher holds it (and, under
-the direct supervisor, its keeper, forked after the lease was taken, which
-outlives the watcher until the ranks are gone). A SIGKILLed watcher under systemd
-frees its GPUs at once; a reboot empties /run. Nothing of ours has to remember
-to release anything.
+drops the lock when the last fd of it closes, and every process of the job has
+one: the watcher that took it, under the direct supervisor its keeper (forked
+after the lease was taken), and every rank (fds 3, 4, ... from `rank_fds()`, put
+there by watcher/forkrank.py). So the lease lasts exactly as long as the last
+process of the job: a SIGKILLed watcher's GPUs are free once systemd (BindsTo=)
+or its keeper has stopped its ranks; a reboot empties /run. Nothing of ours has
+to remember to release anything.
 
 Everything is opened relative to the directory's fd, with O_NOFOLLOW, and
 believed only if it is root's: root never follows a link an ordinary user planted,
@@ -46,8 +49,8 @@ def lease_dir(root: Path | None = None) -> Path:
 
 
 def lock_name(gpu: Gpu) -> str:
-    """A GPU's lock file: its PCI bus id, stable while the machine runs."""
-    return gpu.bus_id
+    """A GPU's lock file: its device node's name, stable while the driver is loaded."""
+    return f"nvidia{gpu.minor}"
 
 
 def _ours(st: os.stat_result, want_root: bool) -> bool:
@@ -139,10 +142,26 @@ class Lease:
     fds: list[int] = field(default_factory=list)
 
     def close(self) -> None:
+        if self in _HELD:
+            _HELD.remove(self)
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+
+
+_HELD: list[Lease] = []  # this process's leases, which the ranks it forks inherit
+
+
+def hold_for_ranks(lease: Lease) -> None:
+    """The ranks this process forks from now on hold `lease` too (`rank_fds`)."""
+    _HELD.append(lease)
+
+
+def rank_fds() -> dict[int, int]:
+    """A rank's fds (3, 4, ...) -> this process's lease fds to put there."""
+    fds = [fd for lease in _HELD for fd in lease.fds]
+    return {3 + i: fd for i, fd in enumerate(fds)}
 
 
 def store_uid(root: Path | None) -> int:

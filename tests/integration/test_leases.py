@@ -36,12 +36,17 @@ def fake_machine(job: Job) -> Path:
     return root
 
 
-def start(job: Job, job_id: str, machine: Path, prefix: list[str]) -> subprocess.Popen[str]:
+def start(
+    job: Job, job_id: str, machine: Path, prefix: list[str], *opts: str, lingers: bool = False
+) -> subprocess.Popen[str]:
     sub = job.dir / job_id
     sub.mkdir(mode=0o777)
     sub.chmod(0o777)
     argv = [GPULAUNCH, "start", "--job", job_id, "--machine-root", str(machine)]
-    argv += ["--gpus", "auto:1", RANK_SCRIPT, "--dir", str(sub), "--sleep", "300"]
+    argv += [*opts, "--gpus", "auto:1", RANK_SCRIPT, "--dir", str(sub), "--sleep", "300"]
+    if lingers:  # its rank outlives a SIGTERM by the grace period (3 s), then SIGKILL
+        argv[argv.index("--gpus") : argv.index("--gpus")] = ["--grace", "3"]
+        argv.append("--ignore-term")
     proc: subprocess.Popen[str] = job.box.popen(
         [*prefix, *argv],
         cwd=str(REPO),
@@ -68,6 +73,10 @@ def refused(job: Job, machine: Path) -> str:
     return res.stderr
 
 
+def alive(job: Job, pid: str) -> bool:
+    return job.box.run(["kill", "-0", pid], capture_output=True).returncode == 0
+
+
 def holder_pid(line: str, bus: str) -> int:
     found = re.search(rf"\({re.escape(bus)}\): job \S+, user \S+, unit \S+, pid (\d+)", line)
     assert found, line
@@ -82,26 +91,21 @@ def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
     a, b = job.id + "-a", job.id + "-b"
     procs = []
     try:
-        procs.append(start(job, a, machine, []))  # root's: GPU 0, and root makes the store
-        procs.append(start(job, b, machine, as_user))  # the user's: GPU 1
-        ranks = [(job.dir / j / "rank0.pid").read_text() for j in (a, b)]
+        # root's first: GPU 0 (and root makes the store), then the user's: GPU 1
+        procs.append(start(job, a, machine, [], lingers=True))
+        procs.append(start(job, b, machine, as_user, lingers=True))
+        ranks = {j: (job.dir / j / "rank0.pid").read_text() for j in (a, b)}
         line = refused(job, machine)
         assert f"GPU 0 ({BUSES[0]}): job {a}, user root, unit " in line, line
         assert f"GPU 1 ({BUSES[1]}): job {b}, user gljob, unit " in line, line
-        # each rank sees its leased GPU only
-        assert ranks[0] != ranks[1]
-        for victim, bus in ((procs[1], BUSES[1]), (procs[0], BUSES[0])):
+        for victim, bus, name in ((procs[1], BUSES[1], b), (procs[0], BUSES[0], a)):
             pid = holder_pid(line, bus)  # the watcher, as the kernel's /proc/locks names it
             job.box.run(["kill", "-KILL", str(pid)], check=True)
-            wait_until(
-                lambda p=pid: (
-                    job.box.run(["kill", "-0", str(p)], capture_output=True).returncode != 0
-                ),
-                30,
-                f"watcher {pid} gone",
-            )
             d = job.id + "-d" + bus[5:7]
-            procs.append(start(job, d, machine, []))  # at once: no retry, no wait
+            # its GPU goes to the next job once the last process of the killed job, its rank
+            # (stopped by systemd: BindsTo=, SIGKILLed after its grace), is gone; not before
+            procs.append(start(job, d, machine, [], "--wait-for-gpus"))
+            assert not alive(job, ranks[name]), f"{name}'s rank still runs"
             line = refused(job, machine)
             assert f"({bus}): job {d}, user root" in line, line
             victim.wait(60)
@@ -109,5 +113,6 @@ def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
         for name in (a, b, job.id + "-d1b", job.id + "-d3d"):
             slice_ = UnitNames.for_job(name).job_slice
             job.box.run(["systemctl", "stop", slice_], capture_output=True)
+            job.box.run([*as_user, "systemctl", "--user", "stop", slice_], capture_output=True)
         for proc in procs:
             proc.communicate(timeout=60)

@@ -166,11 +166,42 @@ def test_wait_for_gpus_waits_until_the_holder_is_gone(
     assert "waiting for 1 free GPU(s) (--wait-for-gpus)" in capsys.readouterr().err
 
 
+def test_wait_for_gpus_wakes_for_whichever_gpu_is_freed_first(machine: Path) -> None:
+    first = hold(machine, 1)  # GPU 0
+    second = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(machine), "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert second.stdout is not None and second.stdout.readline().strip() == "(1,)"
+    got: list[tuple[int, ...] | None] = []
+
+    def waiter() -> None:
+        o, lease = take(opts(machine), LeaseRequest(1), wait=True)
+        got.append(o.resources.gpus)
+        lease.close()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        thread.join(1.0)
+        assert thread.is_alive() and not got
+        second.send_signal(signal.SIGKILL)  # GPU 1, the last in order, is freed first
+        second.wait()
+        thread.join(60)
+        assert got == [(1,)]
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        thread.join(60)
+
+
 def test_a_link_in_the_store_is_not_followed(machine: Path, tmp_path: Path) -> None:
     store = lease_dir(machine)
     store.mkdir(parents=True)
     (tmp_path / "elsewhere").write_text("")
-    (store / BUSES[0]).symlink_to(tmp_path / "elsewhere")
+    (store / "nvidia0").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(GpusBusyError, match="has no lock file of root's"):
         take(opts(machine), LeaseRequest(1))
 
