@@ -176,26 +176,60 @@ def remove_note(path: Path | None) -> None:
             os.unlink(path)
 
 
+def _held(
+    name: str, locks: dict[tuple[int, int, int], int], root: Path | None, proc: Path
+) -> tuple[int, str, str, str | None] | None:
+    """(pid, user, unit, job) of the holder of the lock file `name`, or None if it is free."""
+    try:
+        st = os.stat(lease_dir(root) / name, follow_symlinks=False)
+    except OSError:
+        return None
+    pid = locks.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    if pid is None:
+        return None
+    try:
+        uid = os.stat(proc / str(pid)).st_uid if pid > 0 else -1
+    except OSError:
+        uid = -1
+    if uid < 0:
+        return pid, "?", "?", None
+    return pid, _user(uid), _unit(pid, proc), read_note(pid, uid, root, proc)
+
+
 def holders(
     gpus: Iterable[Gpu], root: Path | None = None, proc: Path = Path("/proc")
 ) -> list[Holder]:
     """Who holds each of `gpus` that is held now (in the order given)."""
     locks = lock_pids(proc)
     out = []
-    store = lease_dir(root)
     for gpu in gpus:
-        try:
-            st = os.stat(store / lock_name(gpu), follow_symlinks=False)
-        except OSError:
-            continue
-        pid = locks.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
-        if pid is None:
-            continue
-        try:
-            uid = os.stat(proc / str(pid)).st_uid if pid > 0 else -1
-        except OSError:
-            uid = -1
-        user = _user(uid) if uid >= 0 else "?"
-        job = read_note(pid, uid, root, proc) if uid >= 0 else None
-        out.append(Holder(gpu, pid, user, _unit(pid, proc) if pid > 0 else "?", job))
+        held = _held(lock_name(gpu), locks, root, proc)
+        if held is not None:
+            out.append(Holder(gpu, *held))
     return out
+
+
+def lease_rows(root: Path | None = None, proc: Path = Path("/proc")) -> list[tuple[str, ...]]:
+    """`gpulaunch list`: a row per GPU leased now (device, job, user, unit, pid); no GPU
+    inventory needed: the lock files say which device each is."""
+    try:
+        names = sorted(os.listdir(lease_dir(root)), key=lambda n: (len(n), n))
+    except OSError:
+        return []
+    locks = lock_pids(proc)
+    rows: list[tuple[str, ...]] = []
+    for name in names:
+        held = _held(name, locks, root, proc)
+        if held is not None:
+            pid, user, unit, job = held
+            gone = user == "?"
+            rows.append(
+                (
+                    f"/dev/{name}",
+                    "(watcher gone, ranks ending)" if gone else job or "?",
+                    user,
+                    unit,
+                    str(pid),
+                )
+            )
+    return rows

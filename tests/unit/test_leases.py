@@ -4,6 +4,7 @@ the kernel's /proc/locks, a lease freed by the kernel when its holder is SIGKILL
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from gpulaunch.cli import build_parser
 from gpulaunch.errors import UnavailableError
 from gpulaunch.leases.ask import LeaseRequest, parse_request
-from gpulaunch.leases.holders import holders, lock_pids, read_note, write_note
+from gpulaunch.leases.holders import holders, lease_rows, lock_pids, read_note, write_note
 from gpulaunch.leases.request import GpusBusyError, take, unleased
 from gpulaunch.leases.store import lease_dir, open_store
 from gpulaunch.model import Manager
@@ -220,6 +221,20 @@ def test_render_shows_the_first_gpus_without_a_lease(machine: Path) -> None:
         assert unleased(opts(machine), LeaseRequest(1)).resources.gpus == (0,)
     finally:
         lease.close()
+
+
+def test_list_shows_who_holds_which_gpu(machine: Path) -> None:
+    holder = hold(machine, 1)
+    try:
+        rows = lease_rows(machine)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert len(rows) == 1
+    device, job, user, unit, pid = rows[0]
+    assert (device, pid) == ("/dev/nvidia0", str(holder.pid))
+    assert user == pwd.getpwuid(os.geteuid()).pw_name and unit and job == "?"  # no note
+    assert lease_rows(machine) == []
 
 
 def test_proc_locks_parsing(tmp_path: Path) -> None:
