@@ -333,6 +333,13 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
         help="with --gpus auto:N: wait until N GPUs are free instead of being refused",
     )
     p.add_argument(
+        "--allow-busy-gpus",
+        action="store_true",
+        help="start even where another process holds memory on a GPU of the job (the health "
+        "gate refuses that by default; lost GPUs, ECC errors, pending retired pages and XIDs "
+        "are refused still)",
+    )
+    p.add_argument(
         "--gpu-isolation",
         action="store_true",
         help="each rank sees and may open only its own GPU (DevicePolicy=closed)",
@@ -426,6 +433,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         supervisor=SupervisorKind(args.supervisor),
         gpu_lease=args.gpus if isinstance(args.gpus, LeaseRequest) else None,
         wait_for_gpus=args.wait_for_gpus,
+        allow_busy_gpus=args.allow_busy_gpus,
     )
 
 

@@ -38,6 +38,7 @@ from gpulaunch.watcher.interrupts import ignore_interrupts, install_wakeup
 from gpulaunch.watcher.observers import Observer
 
 if TYPE_CHECKING:
+    from gpulaunch.leases.health import Gate
     from gpulaunch.supervisor.keeper import KeeperLink
 
 
@@ -199,6 +200,7 @@ def start(
         return detached.wait_started(spec.job)  # the child runs the watcher
     if opts.gpu_lease is not None:  # before the keeper: it holds the lease too (leases/store.py)
         opts, spec, units = _lease(opts, spec)
+    gate = _health_gate(opts, spec)  # a GPU not fit: one line, before anything is made
     # The direct supervisor's keeper (supervisor/keeper.py): forked before anything of the
     # job exists (a multi-node job's peer too) where the direct supervisor is sure or no
     # systemd booted this machine; else once it is chosen (below).
@@ -285,6 +287,7 @@ def start(
             peer=peer,
             hang=hang,
             finish=finish,
+            restart_gate=(lambda: "; ".join(gate.problems()) or None) if gate else lambda: None,
         )
         try:
             report = watcher.run()
@@ -309,6 +312,27 @@ def _lease(opts: StartOptions, spec: JobSpec) -> tuple[StartOptions, JobSpec, Jo
     spec, units = plan(opts)
     atexit.register(remove_note, write_note(spec.job, opts.machine_root))
     return opts, spec, units
+
+
+def _health_gate(opts: StartOptions, spec: JobSpec) -> Gate | None:
+    """The GPUs the ranks use, checked through NVML (leases/health.py); the gate stays open
+    for the checks before each restart. None: no GPU, or no NVML to ask."""
+    from gpulaunch.leases.health import Gate
+    from gpulaunch.plan.placement import Machine
+
+    used = {rank.gpu for rank in spec.ranks if rank.gpu is not None}
+    if not used:
+        return None
+    machine = Machine.fake(opts.machine_root) if opts.machine_root else Machine.this()
+    gpus = [gpu for gpu in machine.inventory.gpus() if gpu.index in used]
+    gate = Gate.open(gpus, allow_busy=opts.allow_busy_gpus)
+    if gate is not None:
+        try:
+            gate.check()
+        except GpulaunchError:
+            gate.close()
+            raise
+    return gate
 
 
 def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:

@@ -80,6 +80,7 @@ class StartOptions:
     # --gpus auto:N, --wait-for-gpus: leased before the plan (gpulaunch/leases/)
     gpu_lease: LeaseRequest | None = None
     wait_for_gpus: bool = False
+    allow_busy_gpus: bool = False  # the health gate lets a GPU with others' memory pass
 
 
 def job_stem(script: str) -> str:

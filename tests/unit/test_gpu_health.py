@@ -1,0 +1,135 @@
+"""The health gate (gpulaunch/leases/health.py) with the stand-in NVML (tests/fake_nvml): a GPU
+with an XID, another process's memory, ECC errors, pending pages or lost is refused in one line
+naming it; the same through `gpulaunch start`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gpulaunch.leases.health import Gate, UnhealthyGpuError
+from gpulaunch.plan.gpus import Gpu
+from tests.fake_machine import FakeGpu, write_fake_machine
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_NVML = REPO / "tests" / "fake_nvml"
+BUSES = ["0000:1b:00.0", "0000:3d:00.0"]
+GPUS = (Gpu(0, 0, BUSES[0]), Gpu(1, 1, BUSES[1]))
+
+
+def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **state: Any) -> ModuleType:
+    """The stand-in module, loaded fresh, with GPU 0's state from `state` (GPU 1 healthy)."""
+    path = tmp_path / "nvml.json"
+    path.write_text(json.dumps({BUSES[0]: {"minor": 0, **state}, BUSES[1]: {"minor": 1}}))
+    monkeypatch.setenv("GPULAUNCH_TEST_NVML", str(path))
+    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE_NVML / "pynvml.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "fake_pynvml", module)  # for its dataclasses
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ({"xids": [79]}, "XID 79 reported"),
+        ({"processes": [[4242, 1 << 30]]}, "another process holds memory on it (pid 4242)"),
+        ({"ecc": 2}, "2 uncorrected ECC error(s)"),
+        ({"pending_pages": True}, "retired pages are pending"),
+        ({"remapped_rows": [0, 1, True, False]}, "rows are pending remapping"),
+        ({"remapped_rows": [0, 1, False, True]}, "a row remapping failed"),
+    ],
+)
+def test_an_unfit_gpu_is_refused_naming_it_and_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: dict[str, Any], reason: str
+) -> None:
+    gate = Gate.open(GPUS, nvml=fake_nvml(tmp_path, monkeypatch, **state))
+    assert gate is not None
+    with pytest.raises(UnhealthyGpuError) as refused:
+        gate.check()
+    assert refused.value.message.startswith(f"GPU 0 ({BUSES[0]}) is not fit for the job: {reason}")
+    assert "GPU 1" not in refused.value.message
+    assert refused.value.exit_code == 69
+
+
+def test_healthy_gpus_pass_and_a_busy_one_passes_when_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nvml = fake_nvml(tmp_path, monkeypatch, processes=[[4242, 1 << 30]], remapped_rows=[1, 0, 0, 0])
+    gate = Gate.open(GPUS, allow_busy=True, nvml=nvml)
+    assert gate is not None
+    gate.check()
+    assert Gate.open(GPUS[1:], nvml=nvml) is not None
+    assert Gate.open(GPUS[1:], nvml=nvml).problems() == []  # type: ignore[union-attr]
+    # the job's own processes never count (a restart's check)
+    assert Gate.open(GPUS, nvml=nvml).problems(own_pids=[4242]) == []  # type: ignore[union-attr]
+
+
+def test_a_lost_gpu_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnhealthyGpuError, match=r"GPU 0 \(0000:1b:00.0\) .*: the GPU is lost"):
+        Gate.open(GPUS, nvml=fake_nvml(tmp_path, monkeypatch, lost=True))
+
+
+def test_an_xid_during_the_run_is_seen_at_the_next_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nvml = fake_nvml(tmp_path, monkeypatch)
+    gate = Gate.open(GPUS, nvml=nvml)
+    assert gate is not None and gate.problems() == []
+    state = json.loads(Path(os.environ["GPULAUNCH_TEST_NVML"]).read_text())
+    nvml._state[BUSES[1]]["xids"] = [48]  # the driver reports one while the job runs
+    assert gate.problems() == [
+        f"GPU 1 ({BUSES[1]}) is not fit for the job: XID 48 reported "
+        "(see the kernel log: NVRM: Xid)"
+    ]
+    assert gate.xids == {1: [48]} and state
+
+
+def test_no_nvml_no_gate() -> None:
+    class Broken:
+        def nvmlInit(self) -> None:
+            raise RuntimeError("no driver")
+
+    assert Gate.open(GPUS, nvml=Broken()) is None
+    assert Gate.open((), nvml=Broken()) is None
+
+
+def test_start_refuses_a_gpu_with_an_xid_in_one_line(tmp_path: Path) -> None:
+    machine = write_fake_machine(tmp_path / "m", [FakeGpu(BUSES[0], 0), FakeGpu(BUSES[1], 1)])
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({BUSES[0]: {"minor": 0, "xids": [79]}, BUSES[1]: {"minor": 1}}))
+    script = tmp_path / "train.py"
+    script.write_text("open(__file__ + '.ran', 'w')\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(FAKE_NVML),
+        "GPULAUNCH_TEST_NVML": str(state),
+    }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    gl = [sys.executable, "-m", "gpulaunch", "start", "--supervisor", "direct"]
+    gl += ["--machine-root", str(machine)]
+    res = subprocess.run(
+        [*gl, "--gpus", "0", str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 69, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert errors == [
+        f"gpulaunch: error: GPU 0 ({BUSES[0]}) is not fit for the job: XID 79 reported (see the "
+        "kernel log: NVRM: Xid); use other GPUs (--gpus, or --gpus auto:N to lease fit ones), "
+        "or have the GPU reset (nvidia-smi -r)"
+    ], res.stderr
+    assert not Path(str(script) + ".ran").exists()
+    res = subprocess.run(
+        [*gl, "--gpus", "1", str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr  # GPU 1 is fit
+    assert Path(str(script) + ".ran").exists()
