@@ -170,6 +170,7 @@ def start(
     from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
+    from gpulaunch.leases.accounting import gpu_use
     from gpulaunch.logs.pump import journal_reachable
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.choose import open_supervisor
@@ -270,6 +271,7 @@ def start(
         def finish(report: JobReport) -> JobReport:
             """What the output knows at the end, in the report and so in the record."""
             report = replace(report, log_file_gaps=output.log_file_gaps)
+            report = replace(report, gpu_use=gpu_use(spec, report, gate, time.time() - started))
             if journal_problem is None:
                 missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
                 drops = journal_drops(spec, output, missed, started)

@@ -44,6 +44,7 @@ class Gate:
     _handles: dict[int, Any] = field(default_factory=dict)
     _events: Any = None
     xids: dict[int, list[int]] = field(default_factory=dict)  # GPU index -> XIDs seen
+    energy_at_open: dict[int, int] = field(default_factory=dict)  # GPU index -> mJ
 
     @classmethod
     def open(cls, gpus: Sequence[Gpu], allow_busy: bool = False, nvml: Any = None) -> Gate | None:
@@ -72,6 +73,9 @@ class Gate:
                     raise UnhealthyGpuError(gate._line(gpu, "the GPU is lost")) from None
                 continue
             gate._handles[gpu.index] = handle
+            energy = _optional(lambda h=handle: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
+            if isinstance(energy, int):
+                gate.energy_at_open[gpu.index] = energy
             if gate._events is not None:
                 try:
                     nvml.nvmlDeviceRegisterEvents(handle, XID_CRITICAL, gate._events)
@@ -165,6 +169,10 @@ class Gate:
                 "use other GPUs (--gpus, or --gpus auto:N to lease fit ones), or have the "
                 "GPU reset (nvidia-smi -r)",
             )
+
+    def handle(self, index: int) -> Any:
+        """NVML's handle of the job's GPU `index`, or None."""
+        return self._handles.get(index)
 
     def close(self) -> None:
         try:

@@ -4,7 +4,8 @@ $GPULAUNCH_TEST_NVML (read at nvmlInit), keyed by PCI bus id ("0000:1b:00.0"):
     {"0000:1b:00.0": {"minor": 0, "uuid": "GPU-...", "processes": [[pid, bytes]],
                       "ecc": 0, "pending_pages": false, "remapped_rows": [0, 0, false, false],
                       "lost": false, "xids": [79], "energy_mj": 1000,
-                      "accounting": {"pid": [max_memory_bytes, gpu_utilisation_percent]}}}
+                      "energy_step_mj": 0,
+                      "accounting": {"pid" or "*": [max_memory_bytes, utilisation_percent]}}}
 
 Put tests/fake_nvml first on PYTHONPATH of a gpulaunch process to give it these GPUs.
 `xids` are delivered once each through the event API, as NVML does after registration.
@@ -70,10 +71,10 @@ def nvmlInit() -> None:
     path = os.environ.get("GPULAUNCH_TEST_NVML")
     if not path:
         raise NVMLError(9)  # NVML_ERROR_DRIVER_NOT_LOADED
-    _state.clear()
+    if _state:  # loaded once per process: counters go on across nvmlInit/nvmlShutdown
+        return
     with open(path) as f:
         _state.update(json.load(f))
-    _handles.clear()
     for i, bus in enumerate(sorted(_state)):
         _handles[bus] = _Handle(bus, i)
 
@@ -142,7 +143,10 @@ def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, bool, bool]:
 
 
 def nvmlDeviceGetTotalEnergyConsumption(handle: _Handle) -> int:
-    return int(_gpu(handle).get("energy_mj", 0))
+    """`energy_mj`, and `energy_step_mj` more at every read."""
+    gpu = _gpu(handle)
+    gpu["energy_mj"] = int(gpu.get("energy_mj", 0)) + int(gpu.get("energy_step_mj", 0))
+    return int(gpu["energy_mj"]) - int(gpu.get("energy_step_mj", 0))
 
 
 def nvmlDeviceGetAccountingMode(handle: _Handle) -> int:
@@ -150,7 +154,8 @@ def nvmlDeviceGetAccountingMode(handle: _Handle) -> int:
 
 
 def nvmlDeviceGetAccountingStats(handle: _Handle, pid: int) -> _Stats:
-    found = _gpu(handle).get("accounting", {}).get(str(pid))
+    accounting = _gpu(handle).get("accounting", {})
+    found = accounting.get(str(pid), accounting.get("*"))
     if found is None:
         raise NVMLError(6)
     return _Stats(*found)

@@ -10,13 +10,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
+from gpulaunch.leases.accounting import gpu_use
 from gpulaunch.leases.health import Gate, UnhealthyGpuError
+from gpulaunch.model import GpuUse, RankGpuUse
 from gpulaunch.plan.gpus import Gpu
+from gpulaunch.report import gpu_lines
 from tests.fake_machine import FakeGpu, write_fake_machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,3 +136,80 @@ def test_start_refuses_a_gpu_with_an_xid_in_one_line(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr  # GPU 1 is fit
     assert Path(str(script) + ".ran").exists()
+
+
+def test_accounting_per_rank_and_for_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nvml = fake_nvml(
+        tmp_path,
+        monkeypatch,
+        energy_mj=5000,
+        energy_step_mj=250_000,
+        accounting={"4242": [3 << 30, 87]},
+    )
+    gate = Gate.open(GPUS, nvml=nvml)
+    assert gate is not None
+    nvml._state[BUSES[1]]["xids"] = [79]  # during the run, on rank 1's GPU
+    spec = SimpleNamespace(ranks=[SimpleNamespace(rank=0, gpu=0), SimpleNamespace(rank=1, gpu=1)])
+    report = SimpleNamespace(
+        ranks=[SimpleNamespace(rank=0, pid=4242), SimpleNamespace(rank=1, pid=7)]
+    )
+    use = gpu_use(spec, report, gate, 10.0)  # type: ignore[arg-type]
+    assert use is not None
+    assert use.gpu_seconds == 20.0 and use.energy_joules == 250.0
+    assert use.ranks == (
+        RankGpuUse(0, 0, 3 << 30, 87, ()),
+        RankGpuUse(1, 1, None, None, (79,)),  # no accounting of its pid: unknown, not 0
+    )
+    assert GpuUse.from_dict(json.loads(json.dumps(use.to_dict()))) == use
+    assert gpu_lines(use) == [
+        "GPU use: 20.0 GPU-seconds, 250 J",
+        "  rank 0 on GPU 0, peak 3.00 GiB, mean utilisation 87%",
+        "  rank 1 on GPU 1, XID 79 during the run (NVML event)",
+    ]
+
+
+def test_accounting_without_nvml_still_counts_gpu_seconds() -> None:
+    spec = SimpleNamespace(ranks=[SimpleNamespace(rank=0, gpu=3)])
+    use = gpu_use(spec, SimpleNamespace(ranks=[]), None, 2.5)  # type: ignore[arg-type]
+    assert use == GpuUse((RankGpuUse(0, 3),), 2.5, None)
+    no_gpu = SimpleNamespace(ranks=[SimpleNamespace(rank=0, gpu=None)])
+    assert gpu_use(no_gpu, SimpleNamespace(ranks=[]), None, 1.0) is None  # type: ignore[arg-type]
+
+
+def test_list_all_json_shows_a_finished_jobs_gpu_use(tmp_path: Path) -> None:
+    machine = write_fake_machine(tmp_path / "m", [FakeGpu(BUSES[0], 0), FakeGpu(BUSES[1], 1)])
+    state = tmp_path / "nvml.json"
+    gpu = {"energy_mj": 0, "energy_step_mj": 1000, "accounting": {"*": [1 << 30, 50]}}
+    state.write_text(json.dumps({BUSES[0]: {"minor": 0, **gpu}, BUSES[1]: {"minor": 1, **gpu}}))
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    env = {**os.environ, "PYTHONPATH": str(FAKE_NVML), "GPULAUNCH_TEST_NVML": str(state)}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    job = f"acct-{os.getpid()}"
+    gl = [sys.executable, "-m", "gpulaunch"]
+    res = subprocess.run(
+        [*gl, "start", "--supervisor", "direct", "--machine-root", str(machine), "--job", job]
+        + ["--gpus", "0,1", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "GPU use: " in res.stderr and "GPU-seconds, 2 J" in res.stderr, res.stderr
+    assert "rank 1 on GPU 1, peak 1.00 GiB, mean utilisation 50%" in res.stderr
+    listed = subprocess.run(
+        [*gl, "list", "--all", "--json"], env=env, capture_output=True, text=True, timeout=120
+    )
+    views = [v for v in json.loads(listed.stdout) if v["job"] == job]
+    assert len(views) == 1, listed.stdout
+    use = views[0]["gpu_use"]
+    assert use["energy_joules"] == 2.0 and use["gpu_seconds"] > 0
+    assert [
+        (r["rank"], r["gpu"], r["peak_memory"], r["mean_utilisation"]) for r in use["ranks"]
+    ] == [
+        (0, 0, 1 << 30, 50),
+        (1, 1, 1 << 30, 50),
+    ]
