@@ -233,6 +233,10 @@ def start(
             output.message(f"gpulaunch: warning: {text}")
 
         chosen = open_supervisor(opts.supervisor, spec, units, os.environ, stack, warn)
+        if gate is not None:  # each restart's ranks pass the gate too (--max-restarts)
+            from gpulaunch.leases.health import gate_restarts
+
+            gate_restarts(chosen.supervisor, gate)
         direct = chosen.supervisor.name == "direct"
         if no_bus and not direct:
             warn(no_bus)
@@ -289,7 +293,6 @@ def start(
             peer=peer,
             hang=hang,
             finish=finish,
-            restart_gate=(lambda: "; ".join(gate.problems()) or None) if gate else lambda: None,
         )
         try:
             report = watcher.run()

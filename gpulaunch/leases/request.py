@@ -17,6 +17,7 @@ import select
 import signal
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gpulaunch.errors import UnavailableError, UsageError
 from gpulaunch.leases.ask import LeaseRequest
@@ -24,7 +25,9 @@ from gpulaunch.leases.holders import holders
 from gpulaunch.leases.store import Lease, open_lock, store_fd, store_uid, try_lock
 from gpulaunch.plan.gpus import Gpu, visible_pool
 from gpulaunch.plan.placement import Machine
-from gpulaunch.plan.spec import StartOptions
+
+if TYPE_CHECKING:
+    from gpulaunch.plan.spec import StartOptions
 
 
 class GpusBusyError(UnavailableError):

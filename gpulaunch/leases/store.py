@@ -36,9 +36,12 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpulaunch.errors import UnavailableError
-from gpulaunch.plan.gpus import Gpu
+
+if TYPE_CHECKING:
+    from gpulaunch.plan.gpus import Gpu
 
 RUN_DIR = Path("/run/gpulaunch")
 

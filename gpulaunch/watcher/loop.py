@@ -69,10 +69,8 @@ class Watcher(EventLoop):
         peer: PeerLink | None = None,
         hang: HangWatch | None = None,
         finish: Callable[[JobReport], JobReport] = lambda report: report,
-        restart_gate: Callable[[], str | None] = lambda: None,
     ) -> None:
         super().__init__()
-        self.restart_gate = restart_gate  # a GPU not fit: why not restart (leases/health.py)
         self.spec = spec
         self.supervisor = supervisor
         self.wakeup_fd = wakeup_fd
@@ -159,10 +157,6 @@ class Watcher(EventLoop):
             or self.start_error is not None
             or self.attempt >= self.spec.max_restarts
         ):
-            return False
-        unfit = self.restart_gate()
-        if unfit:
-            self.output.message(f"gpulaunch: not restarting: {unfit}")
             return False
         self.attempt += 1
         cause = self.ranks[outcome.cause_rank or 0]

@@ -213,3 +213,34 @@ def test_list_all_json_shows_a_finished_jobs_gpu_use(tmp_path: Path) -> None:
         (0, 0, 1 << 30, 50),
         (1, 1, 1 << 30, 50),
     ]
+
+
+def test_a_restart_is_refused_when_its_gpu_reported_an_xid(tmp_path: Path) -> None:
+    machine = write_fake_machine(tmp_path / "m", [FakeGpu(BUSES[0], 0), FakeGpu(BUSES[1], 1)])
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({BUSES[0]: {"minor": 0}, BUSES[1]: {"minor": 1}}))
+    script = tmp_path / "train.py"
+    script.write_text(  # the driver reports XID 79 on GPU 1 while rank 0 fails
+        "import json, os, sys\n"
+        "path = os.environ['GPULAUNCH_TEST_NVML']\n"
+        "state = json.load(open(path))\n"
+        f"state['{BUSES[1]}']['xids'] = [79]\n"
+        "json.dump(state, open(path, 'w'))\n"
+        "open(__file__ + '.runs', 'a').write('run\\n')\n"
+        "sys.exit(3)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(FAKE_NVML), "GPULAUNCH_TEST_NVML": str(state)}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "gpulaunch", "start", "--supervisor", "direct"]
+        + ["--machine-root", str(machine), "--gpus", "1", "--max-restarts", "2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 69, res.stderr
+    assert Path(str(script) + ".runs").read_text() == "run\n"  # never restarted
+    assert f"GPU 1 ({BUSES[1]}) is not fit for the job: XID 79 reported" in res.stderr
+    # the restart's ranks were stopped before their gates opened; the error is the job's end
+    assert res.stderr.rstrip().endswith("or have the GPU reset (nvidia-smi -r)"), res.stderr
