@@ -98,6 +98,18 @@ def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
         line = refused(job, machine)
         assert f"GPU 0 ({BUSES[0]}): job {a}, user root, unit " in line, line
         assert f"GPU 1 ({BUSES[1]}): job {b}, user gljob, unit " in line, line
+        # the user can neither remove, replace nor add a lock file of root's store, nor
+        # take root's GPU from under its job
+        store = machine / "run/gpulaunch/gpus"
+        for attempt in (
+            ["rm", "-f", str(store / "nvidia0")],
+            ["ln", "-sf", "/dev/null", str(store / "nvidia0")],
+            ["touch", str(store / "nvidia7")],
+            ["flock", "--nonblock", str(store / "nvidia0"), "true"],
+        ):
+            res = job.box.run([*as_user, *attempt], capture_output=True, text=True)
+            assert res.returncode != 0, attempt
+        assert not (store / "nvidia7").exists() and not (store / "nvidia0").is_symlink()
         for victim, bus, name in ((procs[1], BUSES[1], b), (procs[0], BUSES[0], a)):
             pid = holder_pid(line, bus)  # the watcher, as the kernel's /proc/locks names it
             job.box.run(["kill", "-KILL", str(pid)], check=True)
