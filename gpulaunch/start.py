@@ -321,7 +321,8 @@ def _lease(opts: StartOptions, spec: JobSpec) -> tuple[StartOptions, JobSpec, Jo
 
 def _health_gate(opts: StartOptions, spec: JobSpec) -> Gate | None:
     """The GPUs the ranks use, checked through NVML (leases/health.py); the gate stays open
-    for the checks before each restart. None: no GPU, or no NVML to ask."""
+    for the checks before each restart. None: no GPU, or no NVML to ask. A job that did
+    not lease its GPUs (`--gpus 0,1`, `--nproc gpu`) is warned of GPUs other jobs lease."""
     from gpulaunch.leases.health import Gate
     from gpulaunch.plan.placement import Machine
 
@@ -330,6 +331,18 @@ def _health_gate(opts: StartOptions, spec: JobSpec) -> Gate | None:
         return None
     machine = Machine.fake(opts.machine_root) if opts.machine_root else Machine.this()
     gpus = [gpu for gpu in machine.inventory.gpus() if gpu.index in used]
+    if opts.gpu_lease is None:
+        from gpulaunch.leases.holders import holders
+
+        held = holders(gpus, opts.machine_root)
+        if held:
+            print(
+                "gpulaunch: warning: other jobs lease GPUs this job uses: "
+                + "; ".join(h.describe() for h in held)
+                + " (--gpus auto:N takes free ones)",
+                file=sys.stderr,
+                flush=True,
+            )
     gate = Gate.open(gpus, allow_busy=opts.allow_busy_gpus)
     if gate is not None:
         try:

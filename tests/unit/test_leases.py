@@ -237,6 +237,33 @@ def test_list_shows_who_holds_which_gpu(machine: Path) -> None:
     assert lease_rows(machine) == []
 
 
+def test_a_job_naming_leased_gpus_is_warned_of_their_holders(machine: Path, tmp_path: Path) -> None:
+    holder = hold(machine, 1)
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "gpulaunch", "start", "--supervisor", "direct"]
+            + ["--machine-root", str(machine), "--gpus", "0,1", str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert res.returncode == 0, res.stderr
+    warning = (
+        "gpulaunch: warning: other jobs lease GPUs this job uses: GPU 0 (0000:1b:00.0): job ?, "
+        f"user {pwd.getpwuid(os.geteuid()).pw_name}, unit "
+    )
+    assert (
+        warning in res.stderr and f"pid {holder.pid} (--gpus auto:N takes free ones)" in res.stderr
+    )
+
+
 def test_proc_locks_parsing(tmp_path: Path) -> None:
     (tmp_path / "locks").write_text(
         "1: POSIX  ADVISORY  WRITE 20750 00:4d:105 0 EOF\n"
