@@ -399,6 +399,11 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 
 
 def start_options(args: argparse.Namespace) -> StartOptions:
+    if args.wait_for_gpus and not isinstance(args.gpus, LeaseRequest):
+        raise UsageError(
+            "--wait-for-gpus waits for a lease: it needs --gpus auto:N",
+            "add --gpus auto:N (N GPUs no other job holds), or drop --wait-for-gpus",
+        )
     return StartOptions(
         script=args.script,
         args=tuple(args.args),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.cli import build_parser
-from gpulaunch.errors import UnavailableError
+from gpulaunch.errors import UnavailableError, UsageError
 from gpulaunch.leases.ask import LeaseRequest, parse_request
 from gpulaunch.leases.holders import holders, lease_rows, lock_pids, read_note, write_note
 from gpulaunch.leases.request import GpusBusyError, take, unleased
@@ -70,6 +70,12 @@ def test_command_line_auto_gpus(machine: Path) -> None:
         None,
         2,
     )
+
+
+def test_wait_for_gpus_without_a_lease_is_a_usage_error() -> None:
+    args = build_parser().parse_args(["start", "--gpus", "0", "--wait-for-gpus", "t.py"])
+    with pytest.raises(UsageError, match="--wait-for-gpus waits for a lease: it needs"):
+        start_options(args)
 
 
 def test_two_jobs_get_different_gpus_and_a_third_is_refused_naming_both(machine: Path) -> None:
