@@ -22,13 +22,13 @@ pytestmark = pytest.mark.integration
 BUSES = ["0000:1b:00.0", "0000:3d:00.0"]
 
 
-def fake_machine(job: Job) -> Path:
+def fake_machine(job: Job, gpus: int = 2) -> Path:
     root = write_fake_machine(
         job.dir / "machine",
         [
             FakeGpu(BUSES[0], 0, "GPU-0a0a0a0a-1111-2222-3333-444444444444"),
             FakeGpu(BUSES[1], 1, "GPU-1b1b1b1b-1111-2222-3333-444444444444"),
-        ],
+        ][:gpus],
     )
     for d in (job.dir, *job.dir.rglob("*")):
         if d.is_dir():
@@ -126,5 +126,28 @@ def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
             slice_ = UnitNames.for_job(name).job_slice
             job.box.run(["systemctl", "stop", slice_], capture_output=True)
             job.box.run([*as_user, "systemctl", "--user", "stop", slice_], capture_output=True)
+        for proc in procs:
+            proc.communicate(timeout=60)
+
+
+def test_direct_supervisor_a_killed_watchers_gpu_is_freed_after_its_ranks(job: Job) -> None:
+    """Under the direct supervisor the lease's holders are the keeper (which took it), the
+    watcher and the rank: SIGKILL the watcher, and the keeper stops the rank and ends."""
+    machine = fake_machine(job, gpus=1)
+    a, b = job.id + "-a", job.id + "-b"
+    procs = [start(job, a, machine, [], "--supervisor", "direct", lingers=True)]
+    pids = [(job.dir / a / "rank0.pid").read_text()]
+    try:
+        keeper = holder_pid(refused(job, machine), BUSES[0])
+        res = job.box.run(["pgrep", "-P", str(keeper)], capture_output=True, text=True)
+        watcher = res.stdout.split()[0]
+        pids += [str(keeper), watcher]
+        job.box.run(["kill", "-KILL", watcher], check=True)
+        procs.append(start(job, b, machine, [], "--wait-for-gpus"))
+        assert not alive(job, pids[0]), "the killed job's rank still runs"
+        assert not alive(job, str(keeper)), "its keeper still runs"
+    finally:
+        job.box.run(["kill", "-KILL", *pids], capture_output=True)
+        job.box.run(["systemctl", "stop", UnitNames.for_job(b).job_slice], capture_output=True)
         for proc in procs:
             proc.communicate(timeout=60)
