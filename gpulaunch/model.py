@@ -9,6 +9,7 @@ import enum
 import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from gpulaunch.base.names import UnitNames
 from gpulaunch.base.protocol import Layout, NodeConfig, NodeFailure
@@ -290,6 +291,43 @@ class LogDrop:
 
 
 @dataclass(frozen=True)
+class RankGpuUse:
+    """One rank's use of its GPU (gpulaunch/leases/accounting.py); None: NVML did not say."""
+
+    rank: int
+    gpu: int  # the GPU's index (nvidia-smi's numbering)
+    peak_memory: int | None = None  # bytes, NVML accounting (nvidia-smi -am 1)
+    mean_utilisation: int | None = None  # percent of the rank's life, NVML accounting
+    xids: tuple[int, ...] = ()  # XIDs NVML reported on its GPU while the job ran
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """A job's GPU accounting: its ranks' use, and GPU-seconds and energy for the job."""
+
+    ranks: tuple[RankGpuUse, ...]
+    gpu_seconds: float  # GPUs held x the job's wall time
+    energy_joules: float | None = None  # NVML's total energy counters, end minus start
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_seconds": round(self.gpu_seconds, 3),
+            "energy_joules": self.energy_joules,
+            "ranks": [{**asdict(r), "xids": list(r.xids)} for r in self.ranks],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuUse:
+        return cls(
+            ranks=tuple(
+                RankGpuUse(**{**r, "xids": tuple(r.get("xids", ()))}) for r in data["ranks"]
+            ),
+            gpu_seconds=float(data["gpu_seconds"]),
+            energy_joules=data.get("energy_joules"),
+        )
+
+
+@dataclass(frozen=True)
 class LogFileGap:
     """A `--log-dir` file that stopped being written (a full disk, an I/O error)."""
 
@@ -320,6 +358,7 @@ class JobReport:
     node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
     hang: str | None = None  # hung: which ranks were in which collective (debug/hang.py)
     stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
+    gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (leases/accounting.py)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from gpulaunch.model import Manager, SupervisorKind
 from gpulaunch.numberlist import parse_number_list
 from gpulaunch.plan.bounds import MAX_NNODES, MAX_NPROC, MAX_RESTARTS
 from gpulaunch.plan.gpus import parse_gpu_list
+from gpulaunch.plan.leaserequest import LeaseRequest, parse_request
 from gpulaunch.plan.nodes import NodeOptions
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
@@ -297,11 +298,11 @@ def add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
-def _gpu_list(text: str) -> tuple[int, ...]:
+def _gpu_list(text: str) -> tuple[int, ...] | LeaseRequest:
     try:
-        return parse_gpu_list(text)
+        return parse_request(text) or parse_gpu_list(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0,2,3 or 0-3") from None
+        raise argparse.ArgumentTypeError(f"{exc}; use e.g. 0,2,3 or 0-3 or auto:2") from None
 
 
 def _add_placement_options(p: argparse.ArgumentParser) -> None:
@@ -322,7 +323,21 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
         "--gpus",
         type=_gpu_list,
         metavar="LIST",
-        help="the GPUs to use, e.g. 0,2,3, counted in CUDA_VISIBLE_DEVICES; one rank each",
+        help="the GPUs to use, e.g. 0,2,3, counted in CUDA_VISIBLE_DEVICES; one rank each; "
+        "auto:N: N GPUs no other gpulaunch job on this machine holds (a lease, refused at once "
+        "naming the holders if there are too few)",
+    )
+    p.add_argument(
+        "--wait-for-gpus",
+        action="store_true",
+        help="with --gpus auto:N: wait until N GPUs are free instead of being refused",
+    )
+    p.add_argument(
+        "--allow-busy-gpus",
+        action="store_true",
+        help="start even where another process holds memory on a GPU of the job (the health "
+        "gate refuses that by default; lost GPUs, ECC errors, pending retired pages and XIDs "
+        "are refused still)",
     )
     p.add_argument(
         "--gpu-isolation",
@@ -384,10 +399,15 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 
 
 def start_options(args: argparse.Namespace) -> StartOptions:
+    if args.wait_for_gpus and not isinstance(args.gpus, LeaseRequest):
+        raise UsageError(
+            "--wait-for-gpus waits for a lease: it needs --gpus auto:N",
+            "add --gpus auto:N (N GPUs no other job holds), or drop --wait-for-gpus",
+        )
     return StartOptions(
         script=args.script,
         args=tuple(args.args),
-        nproc=args.nproc if args.nproc is not None else (len(args.gpus) if args.gpus else 1),
+        nproc=args.nproc if args.nproc is not None else _default_nproc(args.gpus),
         job=args.job,
         master_addr=args.master_addr,
         master_port=args.master_port,
@@ -397,7 +417,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         job_memory_max=args.job_memory_max,
         units_dirs=tuple(args.units_dir),
         resources=Resources(
-            gpus=args.gpus,
+            gpus=None if isinstance(args.gpus, LeaseRequest) else args.gpus,
             gpu_isolation=args.gpu_isolation,
             cpus_per_rank=args.cpus_per_rank,
             cpu_bind=CpuBind(args.cpu_bind),
@@ -416,7 +436,17 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         ),
         signal_whole_rank=args.signal_whole_rank,
         supervisor=SupervisorKind(args.supervisor),
+        gpu_lease=args.gpus if isinstance(args.gpus, LeaseRequest) else None,
+        wait_for_gpus=args.wait_for_gpus,
+        allow_busy_gpus=args.allow_busy_gpus,
     )
+
+
+def _default_nproc(gpus: tuple[int, ...] | LeaseRequest | None) -> int:
+    """One rank per GPU of --gpus (a list or auto:N), else one."""
+    if isinstance(gpus, LeaseRequest):
+        return gpus.count
+    return len(gpus) if gpus else 1
 
 
 def output_options(args: argparse.Namespace) -> OutputOptions:

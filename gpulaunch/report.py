@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from gpulaunch.base.protocol import Layout
 from gpulaunch.model import (
     Cause,
+    GpuUse,
     JobReport,
     RankResult,
     RankUsage,
@@ -135,6 +136,8 @@ def format_report(report: JobReport) -> str:
                 lines.append(f"  the job's first failure: {failure.describe()}")
     lines += format_table(rows, indent="  ").splitlines()
     lines += usage_sources(report)
+    if report.gpu_use is not None:
+        lines += gpu_lines(report.gpu_use)
     if report.restarts:
         lines.append(
             f"gpulaunch: the ranks were restarted {count(report.restarts, 'time')} (--max-restarts)"
@@ -182,3 +185,20 @@ def format_report(report: JobReport) -> str:
             "journal have them"
         )
     return "\n".join(lines)
+
+
+def gpu_lines(use: GpuUse) -> list[str]:
+    """A job's GPU accounting (leases/accounting.py); an XID beside the rank on that GPU."""
+    energy = f", {use.energy_joules:.0f} J" if use.energy_joules is not None else ""
+    lines = [f"GPU use: {use.gpu_seconds:.1f} GPU-seconds{energy}"]
+    for r in use.ranks:
+        parts = [f"rank {r.rank} on GPU {r.gpu}"]
+        if r.peak_memory is not None:
+            parts.append(f"peak {r.peak_memory / 2**30:.2f} GiB")
+        if r.mean_utilisation is not None:
+            parts.append(f"mean utilisation {r.mean_utilisation}%")
+        if r.xids:
+            parts.append(f"XID {', '.join(map(str, r.xids))} during the run (NVML event)")
+        if len(parts) > 1:
+            lines.append("  " + ", ".join(parts))
+    return lines

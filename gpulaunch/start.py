@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING
 from gpulaunch.base.detach import Detached
 from gpulaunch.base.interrupts import ignore_interrupts, install_wakeup
 from gpulaunch.base.protocol import Layout
-from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.debug.options import HangOptions
-from gpulaunch.errors import GpulaunchError, NoSystemdError
+from gpulaunch.errors import NoSystemdError
+from gpulaunch.frontend.tether import tether_observers
+from gpulaunch.leases.health import open_gate
+from gpulaunch.leases.request import stand_in
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
@@ -44,19 +46,25 @@ from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
+from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, kept
 from gpulaunch.watcher.limits import check_job_fits
 from gpulaunch.watcher.observers import Observer
 
 if TYPE_CHECKING:
     from gpulaunch.base.userbus import UserManager
     from gpulaunch.jobapi.publisher import JobPublisher
+    from gpulaunch.leases.health import Gate
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.keeper import KeeperLink
     from gpulaunch.watcher.loop import Watcher
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
-    """The job and its units, decided before anything starts (bad input fails here)."""
+    """The job and its units, decided before anything starts (bad input fails here).
+
+    `--gpus auto:N` not leased yet (render, the checks before the start): the pool's
+    first N GPUs stand in for those the lease will give (_lease)."""
+    opts = stand_in(opts)
     spec = make_spec(opts, default_environment(), working_directory(), layout=layout)
     return spec, render_units(spec, Templates(opts.units_dirs))
 
@@ -144,21 +152,27 @@ def start(
 
         spec, units = plan(opts)
         return run_frontend(spec, argv, entry.frontend, detach, units)
-    job = _plan(opts, view, hang_options or HangOptions())
+    hang = hang_options or HangOptions()
+    job = _plan(opts, view, hang)
     detached = Detached(0, None) if detach and frontend_child else None  # the front end reads
     if detach and not frontend_child:  # our stderr when it started us; else we fork here
         detached = Detached.fork()
     if detached is not None and detached.is_parent:
         return detached.wait_started(job.spec.job)  # the child runs the watcher
+    if opts.gpu_lease is not None:  # before the keeper: it holds the lease too (leases/store.py)
+        opts, job = _lease(opts, job, view, hang)
+    gate = open_gate(opts, job.spec)  # a GPU not fit: one line, before anything is made
     # The direct supervisor's keeper (supervisor/keeper.py): forked before anything of the
     # job exists (a multi-node job's peer too) where the direct supervisor is sure or no
     # systemd booted this machine; else once it is chosen (_contain).
-    keeper = _fork_keeper(job.spec) if _direct_likely(opts.supervisor) else None
+    keeper = fork_keeper_for(job.spec) if direct_likely(opts.supervisor) else None
     output, journal = _open_output(view, detach, job.spec)
     wakeup = install_wakeup()
     with ExitStack() as stack:
+        if gate is not None:
+            stack.callback(gate.close)
         job = _join(job, output, wakeup, stack)
-        contained = _contain(opts, job, entry, keeper, output, journal, detached, stack)
+        contained = _contain(opts, job, entry, keeper, output, journal, detached, stack, gate)
         try:
             report = _run(job, contained, output, wakeup)
         finally:
@@ -220,7 +234,7 @@ def _plan(opts: StartOptions, view: OutputOptions, hang: HangOptions) -> _Job:
     from gpulaunch.debug.stacks import find_pyspy
     from gpulaunch.watcher.errorfile import runtime_base
 
-    draft = draft_job(opts, default_environment(), working_directory())
+    draft = draft_job(stand_in(opts), default_environment(), working_directory())
     spec = number_ranks(draft)
     units = render_units(spec, Templates(opts.units_dirs))
     needs = check_job_fits(spec.nproc, log_dir=view.log_dir is not None)  # exit 2 if too big
@@ -276,6 +290,7 @@ class _Contained:
     publisher: JobPublisher
     journal: bool  # journald is reachable: the report counts what it dropped
     announce: Callable[[], None]  # once the job's units exist
+    gate: Gate | None = None  # the GPUs' health gate, open for the restarts and the accounting
 
 
 def _contain(
@@ -287,6 +302,7 @@ def _contain(
     journal: bool,
     detached: Detached | None,
     stack: ExitStack,
+    gate: Gate | None,
 ) -> _Contained:
     from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
@@ -298,14 +314,18 @@ def _contain(
 
     spec = job.spec
     chosen = open_supervisor(opts.supervisor, spec, job.units, os.environ, stack, warn)
+    if gate is not None:  # each restart's ranks pass the gate too (--max-restarts)
+        from gpulaunch.leases.health import gate_restarts
+
+        gate_restarts(chosen.supervisor, gate)
     direct = chosen.supervisor.name == "direct"
     if entry.no_bus and not direct:
         warn(entry.no_bus)
     unpublished = direct or bool(entry.no_bus)  # no bus to publish the job on: a record file
     if direct:
         if keeper is None and job.peer is None:  # the peer must stay the watcher's child
-            keeper = _fork_keeper(spec)
-        chosen = _kept(chosen, keeper)
+            keeper = fork_keeper_for(spec)
+        chosen = kept(chosen, keeper)
 
     def announce() -> None:
         output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
@@ -323,12 +343,12 @@ def _contain(
     # the records first: Finished says they exist. Without systemd, a record file too,
     # and a bus is welcome but not needed.
     observers = (
-        *_tether(entry.front_end, spec),  # first: a front end gone before it began
+        *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
         *((FileRecorder(warn),) if unpublished else ()),
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
     )
-    return _Contained(chosen, observers, publisher, journal, announce)
+    return _Contained(chosen, observers, publisher, journal, announce, gate)
 
 
 def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobReport:
@@ -362,7 +382,7 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
     contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
 
     def complete(report: JobReport) -> JobReport:
-        return _report(report, spec, output, watcher, started, contained.journal)
+        return _report(report, spec, output, watcher, started, contained)
 
     watcher.finish = complete
     return watcher.run()
@@ -374,66 +394,37 @@ def _report(
     output: Output,
     watcher: Watcher,
     started: float,
-    journal: bool,
+    contained: _Contained,
 ) -> JobReport:
-    """What the output knows at the end (log-file gaps, journal drops), before any observer
-    hears `finished`: the record and the bus carry the complete report."""
+    """What the output knows at the end (log-file gaps, journal drops) and the GPUs' use,
+    before any observer hears `finished`: the record and the bus carry the complete report."""
+    from gpulaunch.leases.accounting import gpu_use
+
     report = replace(report, log_file_gaps=output.log_file_gaps)
-    if not journal:
+    report = replace(report, gpu_use=gpu_use(spec, report, contained.gate, time.time() - started))
+    if not contained.journal:
         return report
     missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
     return replace(report, log_drops=journal_drops(spec, output, missed, started))
 
 
-def _tether(front_end: str | None, spec: JobSpec) -> tuple[Observer, ...]:
-    """Under a front end: the watch on its life until its bus name holds us (frontend/tether.py)."""
-    if not front_end:
-        return ()
-    from gpulaunch.frontend.tether import FrontEndTether
+def _lease(
+    opts: StartOptions, job: _Job, view: OutputOptions, hang: HangOptions
+) -> tuple[StartOptions, _Job]:
+    """`--gpus auto:N`: lease the GPUs (held by this process until it exits, and by the
+    ranks it forks: leases/store.py), and plan the same job (its id kept) on them."""
+    import atexit
 
-    def stop_service() -> None:
-        from gpulaunch.supervisor.systemd_api import Systemd
+    from gpulaunch.leases.holders import remove_note, write_note
+    from gpulaunch.leases.request import take
+    from gpulaunch.leases.store import hold_for_ranks
 
-        with Systemd(Manager.USER) as systemd:
-            systemd.stop_unit(spec.names.launch_service)
-
-    return (FrontEndTether(front_end, stop_service),)
-
-
-def _direct_likely(kind: SupervisorKind) -> bool:
-    """The direct supervisor is asked for, or sure (a Slurm step), or `auto` where systemd
-    did not boot this machine (sd_booted(3): no /run/systemd/system, as in a container)."""
-    if not systemd_wanted(kind, os.environ):
-        return True
-    return kind is SupervisorKind.AUTO and not os.path.isdir("/run/systemd/system")
-
-
-def _fork_keeper(spec: JobSpec) -> KeeperLink:
-    """Become the keeper (never returns) in the parent; the watcher goes on in the child."""
-    from gpulaunch.supervisor.keeper import fork_keeper
-    from gpulaunch.watcher.errorfile import prune_dead, runtime_base
-
-    try:
-        error_dirs: Path | None = runtime_base(spec.manager) / "gpulaunch"
-    except GpulaunchError:
-        error_dirs = None  # the watcher says why, once
-
-    def at_end() -> None:  # the watcher's error-file directory, now that it is gone
-        if error_dirs is not None:
-            prune_dead(error_dirs)
-
-    return fork_keeper(resource_manager_step(os.environ) is not None, at_end)
-
-
-def _kept(chosen: Chosen, keeper: KeeperLink | None) -> Chosen:
-    """The direct supervisor told of its keeper; the start line says what it guarantees."""
-    from gpulaunch.supervisor.direct import CgroupSupervisor, ProcessGroupSupervisor
-
-    supervisor = chosen.supervisor
-    assert isinstance(supervisor, CgroupSupervisor | ProcessGroupSupervisor)
-    before = supervisor.guarantees()
-    supervisor.keeper = keeper
-    return replace(chosen, line=supervisor.guarantees() + chosen.line.removeprefix(before))
+    assert opts.gpu_lease is not None
+    opts, lease = take(replace(opts, job=job.spec.job), opts.gpu_lease, opts.wait_for_gpus)
+    hold_for_ranks(lease)
+    job = _plan(opts, view, hang)
+    atexit.register(remove_note, write_note(job.spec.job, opts.machine_root))
+    return opts, job
 
 
 def _warn_about(spec: JobSpec, output: Output, direct: bool) -> None:

@@ -19,7 +19,7 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from gpulaunch.model import JobProgress, JobReport, RankProgress
+from gpulaunch.model import JobProgress, JobReport, JobSpec, Manager, RankProgress
 
 ENV = "GPULAUNCH_FRONTEND"  # "<pid>:<start time>" of the front end (start.py takes it out)
 
@@ -78,3 +78,17 @@ class FrontEndTether:
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:
         self._release()
+
+
+def tether_observers(front_end: str | None, spec: JobSpec) -> tuple[FrontEndTether, ...]:
+    """Under a front end: the watch on its life until its bus name holds us (FrontEndTether)."""
+    if not front_end:
+        return ()
+
+    def stop_service() -> None:
+        from gpulaunch.supervisor.systemd_api import Systemd
+
+        with Systemd(Manager.USER) as systemd:
+            systemd.stop_unit(spec.names.launch_service)
+
+    return (FrontEndTether(front_end, stop_service),)

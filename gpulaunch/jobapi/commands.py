@@ -139,6 +139,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(
                 f"gpulaunch: {name} runs jobs too: gpulaunch list --user-of {name}", file=sys.stderr
             )
+    _print_leases()
     if not views:
         print(f"gpulaunch: no jobs on {where}", file=sys.stderr)
         return 0
@@ -156,6 +157,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
     print(format_table(rows))
     return 0
+
+
+def _print_leases() -> None:
+    """Who holds which GPU (`--gpus auto:N`, gpulaunch/leases/): every user's jobs and root's."""
+    from gpulaunch.leases.holders import lease_rows
+
+    rows = lease_rows()
+    if rows:
+        print(format_table([("GPU", "LEASED BY JOB", "USER", "UNIT", "PID"), *rows]))
+        print()
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -31,7 +31,15 @@ from gpulaunch.errors import UnavailableError, UnknownJobError
 from gpulaunch.jobapi import whose
 from gpulaunch.jobapi.rankview import RankView, ranks_json
 from gpulaunch.jobapi.view import JobState, JobView, bus_title, node_from_wire, node_wire
-from gpulaunch.model import Cause, JobProgress, JobReport, LogDrop, Manager, RankProgress
+from gpulaunch.model import (
+    Cause,
+    GpuUse,
+    JobProgress,
+    JobReport,
+    LogDrop,
+    Manager,
+    RankProgress,
+)
 from gpulaunch.report import headline
 
 if TYPE_CHECKING:
@@ -83,6 +91,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "RESTARTS", str(view.restarts)))
     if view.log_drops:  # lines the journal lacks, per rank (so: not in this record's logs)
         out.append((_PREFIX + "LOG_DROPS", json.dumps([d.to_dict() for d in view.log_drops])))
+    if view.gpu_use is not None:
+        out.append((_PREFIX + "GPU_USE", json.dumps(view.gpu_use.to_dict())))
     if view.cause_error:
         out.append((_PREFIX + "CAUSE_ERROR", view.cause_error))
         out.append((_PREFIX + "CAUSE_ERROR_SOURCE", view.cause_error_source))
@@ -212,9 +222,15 @@ def parse(entry: Mapping[str, Any]) -> JobView:
                 LogDrop(**d) for d in json.loads(_text(entry.get(_PREFIX + "LOG_DROPS")) or "[]")
             ),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
+            gpu_use=_gpu_use(entry),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed gpulaunch record: {exc!r}") from exc
+
+
+def _gpu_use(entry: Mapping[str, Any]) -> GpuUse | None:
+    raw = _text(entry.get(_PREFIX + "GPU_USE"))
+    return GpuUse.from_dict(json.loads(raw)) if raw else None
 
 
 def _matches(manager: Manager, job: str | None) -> list[str]:

@@ -35,6 +35,7 @@ from gpulaunch.jobapi.rankview import ranks_json as ranks_json
 from gpulaunch.jobapi.rankview import with_ends
 from gpulaunch.model import (
     Cause,
+    GpuUse,
     JobProgress,
     JobReport,
     LogDrop,
@@ -140,6 +141,7 @@ class JobView:
     last_output: tuple[int, ...] = ()
     interrupted_by: str = ""  # what interrupted it, when not a signal to its watcher
     log_drops: tuple[LogDrop, ...] = ()  # ranks of which the journal lacks lines (the end)
+    gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (the end)
 
     @property
     def layout(self) -> Layout | None:
@@ -196,6 +198,7 @@ class JobView:
             "nodes": [dataclasses.asdict(n) for n in self.nodes],
             "node_cause": None if self.node_failure is None else self.node_failure.to_dict(),
             "log_drops": [d.to_dict() for d in self.log_drops],
+            "gpu_use": None if self.gpu_use is None else self.gpu_use.to_dict(),
         }
 
     def report(self) -> JobReport:
@@ -226,6 +229,7 @@ class JobView:
             layout=self.layout,
             node_failure=self.node_failure,
             log_drops=self.log_drops,
+            gpu_use=self.gpu_use,
         )
 
     @classmethod
@@ -267,6 +271,7 @@ class JobView:
             cause_what="" if failure is None else failure.what,
             interrupted_by="" if report is None else report.interrupted_by or "",
             log_drops=() if report is None else report.log_drops,
+            gpu_use=None if report is None else report.gpu_use,
         )
 
     def properties(self) -> dict[str, tuple[str, Any]]:

@@ -26,6 +26,7 @@ from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec, Manager, RankSpec, SupervisorKind
 from gpulaunch.plan.environment import RankPlace, rank_environment
 from gpulaunch.plan.gpus import visible_pool
+from gpulaunch.plan.leaserequest import LeaseRequest
 from gpulaunch.plan.nodes import NodeOptions, NodePlan, plan_nodes
 from gpulaunch.plan.placement import (
     Machine,
@@ -82,6 +83,10 @@ class StartOptions:
     nodes: NodeOptions = NodeOptions()  # --nnodes, --node-rank, --rdzv-*, --local-addr
     signal_whole_rank: bool = False  # --signal-whole-rank
     supervisor: SupervisorKind = SupervisorKind.AUTO  # --supervisor (supervisor/choose.py)
+    # --gpus auto:N, --wait-for-gpus: leased before the plan (gpulaunch/leases/)
+    gpu_lease: LeaseRequest | None = None
+    wait_for_gpus: bool = False
+    allow_busy_gpus: bool = False  # the health gate lets a GPU with others' memory pass
 
 
 def job_stem(script: str) -> str:

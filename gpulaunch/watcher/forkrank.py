@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from gpulaunch.base.procs import fork_held, spawn_held
+from gpulaunch.leases.store import rank_fds
 from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.watcher.ranks import Rank
 
@@ -35,7 +36,8 @@ def fork_rank(
     live_err_r, live_err_w = os.pipe()
     hold_r = rank.hold_pump()  # the pump's exit waits for the watcher's read of the cgroup
     try:
-        rank.child = spawn_held(rank.spec.argv, dict(env), {1: out_w, 2: err_w}, death_signal)
+        fds = {1: out_w, 2: err_w, **rank_fds()}  # a GPU lease lasts as long as its ranks
+        rank.child = spawn_held(rank.spec.argv, dict(env), fds, death_signal)
         born(rank)
         rank.pump = fork_held(
             lambda: run_pump(

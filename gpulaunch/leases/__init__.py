@@ -1,0 +1,9 @@
+"""Shared GPU machines (issue 28): leases between jobs, a health gate, GPU accounting.
+
+ask.py, request.py: `--gpus auto:N` and `--wait-for-gpus` turned into a lease before the plan;
+store.py: the per-GPU lock files under /run/gpulaunch/gpus and taking them;
+holders.py: who holds a GPU (the kernel's /proc/locks, the holders' notes), for refusals
+and `gpulaunch list`;
+health.py: the NVML gate before the start and each restart;
+accounting.py: the GPU use of a finished job, for its report and record.
+"""
