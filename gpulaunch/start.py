@@ -261,7 +261,8 @@ def start(
             report = replace(report, log_file_gaps=output.log_file_gaps)
             if journal_problem is None:
                 missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
-                drops = journal_drops(spec, output, missed, started)
+                crowded = frozenset(r.spec.rank for r in watcher.ranks if r.journal_crowded)
+                drops = journal_drops(spec, output, missed, started, crowded)
                 report = replace(report, log_drops=drops)
             return report
 
@@ -363,12 +364,18 @@ def _where(spec: JobSpec, where: str) -> str:
 
 
 def journal_drops(
-    spec: JobSpec, output: Output, missed: frozenset[int] = frozenset(), since: float = 0.0
+    spec: JobSpec,
+    output: Output,
+    missed: frozenset[int] = frozenset(),
+    since: float = 0.0,
+    crowded: frozenset[int] = frozenset(),
 ) -> tuple[LogDrop, ...]:
     """Ranks of which journald kept fewer lines than they wrote.
 
     Its rate limit, or it was away for a while (the pumps of the ranks in
-    `missed` could not hand it every line), or it did not store them.
+    `missed` could not hand it every line), or it was slower than the rank (the pumps of
+    the ranks in `crowded` left lines out rather than hold the rank back), or it did not
+    store them.
     Every rank that wrote a line is counted (never a silent loss: with the rate
     limit lifted, journald can still fail to store or keep lines); only the lines
     since `since` (time.time() at the job's start), so that an earlier job of the
@@ -387,5 +394,9 @@ def journal_drops(
         kept = stored[f"rank{rank.rank}"]
         if kept < written:
             limited = burst is not None and written > burst
-            drops.append(LogDrop(rank.rank, written, kept, rank.rank in missed, limited))
+            drops.append(
+                LogDrop(
+                    rank.rank, written, kept, rank.rank in missed, limited, rank.rank in crowded
+                )
+            )
     return tuple(drops)

@@ -18,8 +18,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
+from gpulaunch.logs.feed import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
-from gpulaunch.logs.pump import JOURNAL_MISSED, JournalTarget
+from gpulaunch.logs.pump import JournalTarget, journal_status
 from gpulaunch.logs.width import rank_columns
 from gpulaunch.model import (
     Cause,
@@ -277,7 +278,7 @@ class Watcher(EventLoop):
     def _fork_rank(self, rank: Rank) -> None:
         """The rank and its log pump, both held at their gates, wired by pipes."""
         target = (
-            JournalTarget(identifier=f"rank{rank.spec.rank}", unit=rank.spec.unit)
+            JournalTarget(f"rank{rank.spec.rank}", rank.spec.unit, journal_limit())
             if self.journal
             else None
         )
@@ -374,7 +375,7 @@ class Watcher(EventLoop):
     def _pump_handler(self, rank: Rank) -> Callable[[], None]:
         def on_pump_exit() -> None:
             assert rank.pump is not None
-            rank.journal_missed = reap(rank.pump.pidfd).code == JOURNAL_MISSED
+            rank.journal_missed, rank.journal_crowded = journal_status(reap(rank.pump.pidfd).code)
             self._aio.remove_reader(rank.pump.pidfd)
             rank.pump.close()
 
