@@ -13,19 +13,18 @@ the rest too. The pump therefore:
 - drops whole lines only, and counts them: the terminal and `--log-dir` get every line
   regardless (the pump writes them first), and the report says exactly how many of each
   rank's lines the journal lacks (logs/journal.py counts what it stored).
+
+Imports nothing of gpulaunch (the forked pump runs it); `journal_limit` in
+logs/journal.py reads the limit from journald.conf, in the watcher.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-
-from gpulaunch.logs.journal import rate_limit_settings
 
 # journald starts its window when it reads a line, later than the pump sent it: the pump's
 # window is this much longer, so that it never sends a new burst into journald's old window.
@@ -74,18 +73,6 @@ class JournalLimit:
 
     burst: int | None = None
     interval_s: float = 30.0
-
-
-@functools.cache
-def journal_limit(root: Path = Path("/")) -> JournalLimit:
-    """journald's rate limit as journald.conf and its drop-ins set it (read once)."""
-    burst, interval = rate_limit_settings(root)
-    seconds = parse_timespan(interval)
-    if seconds is None:
-        seconds = 30.0  # journald would refuse the value too and keep its default
-    if burst == 0 or seconds == 0:
-        return JournalLimit(None)
-    return JournalLimit(burst, seconds)
 
 
 class _Partial(enum.Enum):

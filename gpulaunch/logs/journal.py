@@ -8,6 +8,7 @@ the pump sent with what journald stored and reports the difference.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulaunch.logs.feed import JournalLimit, parse_timespan
 from gpulaunch.model import LogDrop, Manager
 from gpulaunch.units.names import UnitNames
 
@@ -61,6 +63,19 @@ def rate_limit_settings(root: Path = Path("/")) -> tuple[int, str]:
                 elif key == "RateLimitIntervalSec":
                     interval = value
     return burst, interval
+
+
+@functools.cache
+def journal_limit(root: Path = Path("/")) -> JournalLimit:
+    """journald's rate limit as journald.conf and its drop-ins set it (read once), for the
+    pumps (logs/feed.py)."""
+    burst, interval = rate_limit_settings(root)
+    seconds = parse_timespan(interval)
+    if seconds is None:
+        seconds = 30.0  # journald would refuse the value too and keep its default
+    if burst == 0 or seconds == 0:
+        return JournalLimit(None)
+    return JournalLimit(burst, seconds)
 
 
 def _journalctl(manager: Manager, args: Sequence[str]) -> list[str]:

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
-from gpulaunch.logs.feed import journal_limit
+from gpulaunch.logs.journal import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
 from gpulaunch.logs.pump import JournalTarget, journal_status
 from gpulaunch.logs.width import rank_columns

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpulaunch.logs.feed import Admission, JournalLimit, journal_limit, parse_timespan
+from gpulaunch.logs.feed import Admission, JournalLimit, parse_timespan
+from gpulaunch.logs.journal import journal_limit
 
 
 class Clock:
