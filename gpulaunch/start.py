@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -262,7 +262,9 @@ def start(
             if journal_problem is None:
                 missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
                 crowded = frozenset(r.spec.rank for r in watcher.ranks if r.journal_crowded)
-                drops = journal_drops(spec, output, missed, started, crowded)
+                # no units (the direct supervisor): the journal knows the ranks by their pumps
+                writers = None if all(r.units for r in watcher.ranks) else watcher.pump_pids
+                drops = journal_drops(spec, output, missed, started, crowded, writers)
                 report = replace(report, log_drops=drops)
             return report
 
@@ -369,6 +371,7 @@ def journal_drops(
     missed: frozenset[int] = frozenset(),
     since: float = 0.0,
     crowded: frozenset[int] = frozenset(),
+    writers: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[LogDrop, ...]:
     """Ranks of which journald kept fewer lines than they wrote.
 
@@ -386,7 +389,8 @@ def journal_drops(
     if not wrote:
         return ()
     journal_sync(spec.manager)
-    stored = stored_lines(spec.manager, [(r.unit, f"rank{r.rank}") for r, _ in wrote], since)
+    pids = None if writers is None else {f"rank{r}": p for r, p in writers.items()}
+    stored = stored_lines(spec.manager, [(r.unit, f"rank{r.rank}") for r, _ in wrote], since, pids)
     if stored is None:
         return ()
     drops = []

@@ -12,7 +12,7 @@ import functools
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,23 +93,28 @@ def sync(manager: Manager) -> None:
 
 
 def stored_lines(
-    manager: Manager, ranks: Sequence[tuple[str, str]], since: float = 0.0
+    manager: Manager,
+    ranks: Sequence[tuple[str, str]],
+    since: float = 0.0,
+    writers: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, int] | None:
     """How many entries of each rank's streams the journal holds, by identifier; None:
     unknown (journalctl missing or hung).
 
     `ranks`: (unit, identifier) pairs; one journalctl for all of them (an OR of their
     matches), only entries since `since` (time.time()): an earlier job of the same id
-    does not count.
+    does not count. `writers`: where the ranks have no units (the direct supervisor),
+    the pids of each identifier's log pumps, which wrote its streams (journald's `_PID`).
     """
     field = "_SYSTEMD_USER_UNIT" if manager is Manager.USER else "_SYSTEMD_UNIT"
     matches: list[str] = []
     for unit, identifier in ranks:
-        matches += [
-            *(["+"] if matches else []),
-            f"{field}={unit}",
-            f"SYSLOG_IDENTIFIER={identifier}",
-        ]
+        whose = (
+            [f"{field}={unit}"]
+            if writers is None
+            else [f"_PID={pid}" for pid in writers.get(identifier, ())] or ["_PID=0"]
+        )
+        matches += [*(["+"] if matches else []), *whose, f"SYSLOG_IDENTIFIER={identifier}"]
     after = [f"--since=@{since:.6f}"] if since else []
     try:
         out = subprocess.run(

@@ -81,6 +81,7 @@ class Watcher(EventLoop):
         self.finish = finish
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r, units=supervisor.name != "direct") for r in spec.ranks]
+        self.pump_pids: dict[int, list[int]] = {}  # rank -> its pumps' pids, every attempt
         self.interrupt: tuple[float, int] | None = None
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
         self.interrupted_by: str | None = None
@@ -299,6 +300,7 @@ class Watcher(EventLoop):
         death = self.supervisor.parent_death_signal
         live_out_r, live_err_r = fork_rank(rank, env, target, death, born)
         assert rank.pump is not None
+        self.pump_pids.setdefault(rank.spec.rank, []).append(rank.pump.pid)
         self._watch(rank.pump.pidfd, self._pump_handler(rank))
         self.output.add_pipe(live_out_r, rank.spec.rank, Stream.STDOUT)
         self.output.add_pipe(live_err_r, rank.spec.rank, Stream.STDERR)

@@ -69,3 +69,19 @@ def test_a_frozen_journald_holds_no_rank_back(frozen_job: Job) -> None:
     job.box.run(["journalctl", "--sync"], check=True)
     assert journal_count(job, job.names.rank_scope(0)) == drop["stored"]
     assert f"the journal lacks {LINES - drop['stored']} of rank 0's" in err
+
+
+def test_direct_supervisor_counts_what_the_journal_kept_by_the_pumps(job: Job) -> None:
+    """The direct supervisor makes no units: the journal knows a rank's lines by the pid of
+    its log pump. Before, it was asked for the rank scope's lines, found none, and every
+    job warned that journald had not kept any of them."""
+    res = job.run("--supervisor", "direct", "--nproc", "2", script=TALK)
+    assert res.returncode == 0, res.stderr
+    assert "journald" not in res.stderr, res.stderr
+    # Over the burst (10,000 per 30 s, journald's default): the pump sends the burst, and
+    # the count is exact.
+    res = job.run(
+        "--supervisor", "direct", "--nproc", "1", script=TALK, script_args=["--lines", "10005"]
+    )
+    assert res.returncode == 0, res.stderr
+    assert "journald dropped 5 of rank 0's 10005 lines" in res.stderr, res.stderr
