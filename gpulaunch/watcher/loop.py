@@ -278,11 +278,8 @@ class Watcher(EventLoop):
 
     def _fork_rank(self, rank: Rank) -> None:
         """The rank and its log pump, both held at their gates, wired by pipes."""
-        target = (
-            JournalTarget(f"rank{rank.spec.rank}", rank.spec.unit, journal_limit())
-            if self.journal
-            else None
-        )
+        journal = JournalTarget(f"rank{rank.spec.rank}", rank.spec.unit, journal_limit())
+        target = journal if self.journal else None
         assert self._errors is not None
         error_file = self._errors.path(self.attempt, rank.spec.rank)
         if self._written is not None:
