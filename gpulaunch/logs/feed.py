@@ -21,7 +21,6 @@ logs/journal.py reads the limit from journald.conf, in the watcher.
 from __future__ import annotations
 
 import enum
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,41 +29,6 @@ from dataclasses import dataclass
 # window is this much longer, so that it never sends a new burst into journald's old window.
 WINDOW_MARGIN = 1.1
 WINDOW_SLACK_S = 1.0
-
-_UNITS = {
-    "us": 1e-6,
-    "usec": 1e-6,
-    "ms": 1e-3,
-    "msec": 1e-3,
-    "s": 1.0,
-    "sec": 1.0,
-    "second": 1.0,
-    "seconds": 1.0,
-    "": 1.0,
-    "m": 60.0,
-    "min": 60.0,
-    "minute": 60.0,
-    "minutes": 60.0,
-    "h": 3600.0,
-    "hr": 3600.0,
-    "hour": 3600.0,
-    "hours": 3600.0,
-}
-_SPAN = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)")
-
-
-def parse_timespan(text: str) -> float | None:
-    """A systemd time span (systemd.time(7): `30s`, `1min 30s`, `500ms`, `5`) in seconds."""
-    total, pos, text = 0.0, 0, text.strip().lower()
-    if not text:
-        return None
-    while pos < len(text):
-        m = _SPAN.match(text, pos)
-        if m is None or m.group(2) not in _UNITS:
-            return None
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    return total
 
 
 @dataclass(frozen=True)

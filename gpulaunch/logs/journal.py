@@ -16,9 +16,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulaunch.logs.feed import JournalLimit, parse_timespan
+from gpulaunch.logs.feed import JournalLimit
 from gpulaunch.model import LogDrop, Manager
 from gpulaunch.units.names import UnitNames
+from gpulaunch.units.values import InvalidValue, parse_timespan
 
 DEFAULT_BURST = 10000  # journald.conf(5), systemd 252
 CONF_DIRS = ("/usr/lib/systemd", "/usr/local/lib/systemd", "/run/systemd", "/etc/systemd")
@@ -70,8 +71,9 @@ def journal_limit(root: Path = Path("/")) -> JournalLimit:
     """journald's rate limit as journald.conf and its drop-ins set it (read once), for the
     pumps (logs/feed.py)."""
     burst, interval = rate_limit_settings(root)
-    seconds = parse_timespan(interval)
-    if seconds is None:
+    try:
+        seconds = parse_timespan(interval) / 1e6
+    except InvalidValue:
         seconds = 30.0  # journald would refuse the value too and keep its default
     if burst == 0 or seconds == 0:
         return JournalLimit(None)

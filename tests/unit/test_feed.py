@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpulaunch.logs.feed import Admission, JournalLimit, parse_timespan
+from gpulaunch.logs.feed import Admission, JournalLimit
 from gpulaunch.logs.journal import journal_limit
 
 
@@ -64,16 +64,6 @@ def test_no_room_leaves_out_whole_lines_and_says_crowded() -> None:
     assert gate.admit(b"y\n", 0) == b"y\n"  # it has caught up
 
 
-def test_timespans() -> None:
-    assert parse_timespan("30s") == 30.0
-    assert parse_timespan("1min 30s") == 90.0
-    assert parse_timespan("500ms") == 0.5
-    assert parse_timespan("5") == 5.0
-    assert parse_timespan("2h") == 7200.0
-    assert parse_timespan("soon") is None
-    assert parse_timespan("") is None
-
-
 def test_limit_from_journald_conf(tmp_path: Path) -> None:
     conf = tmp_path / "etc/systemd/journald.conf"
     conf.parent.mkdir(parents=True)
@@ -81,6 +71,9 @@ def test_limit_from_journald_conf(tmp_path: Path) -> None:
     journal_limit.cache_clear()
     conf.write_text("[Journal]\nRateLimitBurst=500\nRateLimitIntervalSec=1min\n")
     assert journal_limit(tmp_path) == JournalLimit(500, 60.0)
+    journal_limit.cache_clear()
+    conf.write_text("[Journal]\nRateLimitIntervalSec=soon\n")  # journald keeps its default
+    assert journal_limit(tmp_path) == JournalLimit(10000, 30.0)
     journal_limit.cache_clear()
     conf.write_text("[Journal]\nRateLimitIntervalSec=0\n")
     assert journal_limit(tmp_path) == JournalLimit(None)
