@@ -41,9 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SCRATCH = REPO / "bench" / ".scratch"
 WORKTREE = "worktree"
-# What gpulaunch reads from the checkout: the package, its unit templates, and the D-Bus
+# What gpulaunch reads from the checkout: the package, its unit templates (units/), the D-Bus
 # interface files it finds next to the package (packaging/dbus).
-SNAPSHOT_PARTS = ("gpulaunch", "packaging")
+SNAPSHOT_PARTS = ("gpulaunch", "packaging", "units")
 
 
 def _parser() -> argparse.ArgumentParser:

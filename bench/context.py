@@ -33,6 +33,8 @@ class Config:
     output_lines: int = 200_000  # per rank
     scale_nproc: int = 64
     node_cap_s: float = 60.0  # how long after the failure we wait for the other nodes (7)
+    nodes_sizes: tuple[int, ...] = (2, 8, 32)  # scenario 8: nodes of 8 ranks on this machine
+    nodes_reps: int = 1  # each run of 32 nodes starts 256 ranks (and 32 torchrun agents)
     run_cap_s: float = 180.0  # runaway protection for one run, never a measurement
 
     @classmethod
@@ -45,6 +47,7 @@ class Config:
             output_lines=20_000,
             scale_nproc=16,
             node_cap_s=20.0,
+            nodes_sizes=(2,),
         )
 
     def as_dict(self) -> dict[str, Any]:

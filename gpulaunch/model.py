@@ -285,6 +285,7 @@ class LogDrop:
     stored: int
     unreachable: bool = False
     rate_limited: bool = True
+    crowded: bool = False  # the pump left lines out: journald took them slower than the rank
 
     def to_dict(self) -> dict[str, int | bool]:
         return asdict(self)

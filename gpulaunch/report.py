@@ -165,6 +165,14 @@ def format_report(report: JobReport) -> str:
                 f"stopped or restarted); {kept} all of them"
             )
             continue
+        if drop.crowded:
+            lines.append(
+                f"gpulaunch: warning: the journal lacks {drop.written - drop.stored} of rank "
+                f"{drop.rank}'s {drop.written} lines (journald took them slower than the rank "
+                f"wrote them{' and its rate limit' if drop.rate_limited else ''}; the rank was "
+                f"not held back); {kept} all of them"
+            )
+            continue
         if not drop.rate_limited:
             lines.append(
                 f"gpulaunch: warning: journald did not keep {drop.written - drop.stored} of rank "

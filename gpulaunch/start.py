@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -405,7 +405,11 @@ def _report(
     if not contained.journal:
         return report
     missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
-    return replace(report, log_drops=journal_drops(spec, output, missed, started))
+    crowded = frozenset(r.spec.rank for r in watcher.ranks if r.journal_crowded)
+    # no units (the direct supervisor): the journal knows the ranks by their pumps
+    writers = None if all(r.units for r in watcher.ranks) else watcher.pump_pids
+    drops = journal_drops(spec, output, missed, started, crowded, writers)
+    return replace(report, log_drops=drops)
 
 
 def _lease(
@@ -456,12 +460,19 @@ def _where(spec: JobSpec, where: str) -> str:
 
 
 def journal_drops(
-    spec: JobSpec, output: Output, missed: frozenset[int] = frozenset(), since: float = 0.0
+    spec: JobSpec,
+    output: Output,
+    missed: frozenset[int] = frozenset(),
+    since: float = 0.0,
+    crowded: frozenset[int] = frozenset(),
+    writers: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[LogDrop, ...]:
     """Ranks of which journald kept fewer lines than they wrote.
 
     Its rate limit, or it was away for a while (the pumps of the ranks in
-    `missed` could not hand it every line), or it did not store them.
+    `missed` could not hand it every line), or it was slower than the rank (the pumps of
+    the ranks in `crowded` left lines out rather than hold the rank back), or it did not
+    store them.
     Every rank that wrote a line is counted (never a silent loss: with the rate
     limit lifted, journald can still fail to store or keep lines); only the lines
     since `since` (time.time() at the job's start), so that an earlier job of the
@@ -472,7 +483,8 @@ def journal_drops(
     if not wrote:
         return ()
     journal_sync(spec.manager)
-    stored = stored_lines(spec.manager, [(r.unit, f"rank{r.rank}") for r, _ in wrote], since)
+    pids = None if writers is None else {f"rank{r}": p for r, p in writers.items()}
+    stored = stored_lines(spec.manager, [(r.unit, f"rank{r.rank}") for r, _ in wrote], since, pids)
     if stored is None:
         return ()
     drops = []
@@ -480,5 +492,9 @@ def journal_drops(
         kept = stored[f"rank{rank.rank}"]
         if kept < written:
             limited = burst is not None and written > burst
-            drops.append(LogDrop(rank.rank, written, kept, rank.rank in missed, limited))
+            drops.append(
+                LogDrop(
+                    rank.rank, written, kept, rank.rank in missed, limited, rank.rank in crowded
+                )
+            )
     return tuple(drops)

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 from bench.context import Context
 from bench.launchers import LAUNCHERS, TWO, Launcher
-from bench.scenarios import cross_node, failure, footprint, launch, output, scale, watcher_kill
+from bench.scenarios import (
+    cross_node,
+    failure,
+    footprint,
+    launch,
+    nodes,
+    output,
+    scale,
+    watcher_kill,
+)
 from bench.stats import Metric
 
 NO_FRONTEND = tuple(launcher for launcher in LAUNCHERS if launcher is not Launcher.FRONTEND)
@@ -42,4 +51,5 @@ SCENARIOS = (
     Scenario("5", "output volume", output.run, _doc(output), NO_FRONTEND),
     Scenario("6", "scale", scale.run, _doc(scale), NO_FRONTEND),
     Scenario("7", "cross-node stop", cross_node.run, _doc(cross_node), TWO),
+    Scenario("8", "many nodes", nodes.run, _doc(nodes), (Launcher.DIRECT, Launcher.TORCHRUN)),
 )

@@ -8,15 +8,18 @@ the pump sent with what journald stored and reports the difference.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpulaunch.base.names import UnitNames
+from gpulaunch.logs.feed import JournalLimit
 from gpulaunch.model import LogDrop, Manager
+from gpulaunch.units.values import InvalidValue, parse_timespan
 
 DEFAULT_BURST = 10000  # journald.conf(5), systemd 252
 CONF_DIRS = ("/usr/lib/systemd", "/usr/local/lib/systemd", "/run/systemd", "/etc/systemd")
@@ -63,6 +66,20 @@ def rate_limit_settings(root: Path = Path("/")) -> tuple[int, str]:
     return burst, interval
 
 
+@functools.cache
+def journal_limit(root: Path = Path("/")) -> JournalLimit:
+    """journald's rate limit as journald.conf and its drop-ins set it (read once), for the
+    pumps (logs/feed.py)."""
+    burst, interval = rate_limit_settings(root)
+    try:
+        seconds = parse_timespan(interval) / 1e6
+    except InvalidValue:
+        seconds = 30.0  # journald would refuse the value too and keep its default
+    if burst == 0 or seconds == 0:
+        return JournalLimit(None)
+    return JournalLimit(burst, seconds)
+
+
 def _journalctl(manager: Manager, args: Sequence[str]) -> list[str]:
     unit_flag = ["--user"] if manager is Manager.USER else []
     return ["journalctl", "--no-pager", "-q", *unit_flag, *args]
@@ -78,23 +95,28 @@ def sync(manager: Manager) -> None:
 
 
 def stored_lines(
-    manager: Manager, ranks: Sequence[tuple[str, str]], since: float = 0.0
+    manager: Manager,
+    ranks: Sequence[tuple[str, str]],
+    since: float = 0.0,
+    writers: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, int] | None:
     """How many entries of each rank's streams the journal holds, by identifier; None:
     unknown (journalctl missing or hung).
 
     `ranks`: (unit, identifier) pairs; one journalctl for all of them (an OR of their
     matches), only entries since `since` (time.time()): an earlier job of the same id
-    does not count.
+    does not count. `writers`: where the ranks have no units (the direct supervisor),
+    the pids of each identifier's log pumps, which wrote its streams (journald's `_PID`).
     """
     field = "_SYSTEMD_USER_UNIT" if manager is Manager.USER else "_SYSTEMD_UNIT"
     matches: list[str] = []
     for unit, identifier in ranks:
-        matches += [
-            *(["+"] if matches else []),
-            f"{field}={unit}",
-            f"SYSLOG_IDENTIFIER={identifier}",
-        ]
+        whose = (
+            [f"{field}={unit}"]
+            if writers is None
+            else [f"_PID={pid}" for pid in writers.get(identifier, ())] or ["_PID=0"]
+        )
+        matches += [*(["+"] if matches else []), *whose, f"SYSLOG_IDENTIFIER={identifier}"]
     after = [f"--since=@{since:.6f}"] if since else []
     try:
         out = subprocess.run(

@@ -16,6 +16,11 @@ connects again at once (journald's sockets stay with systemd, which starts it
 again on the next connection), else when the rank writes more. What the rank
 wrote meanwhile reaches the terminal only; the pump then exits with
 JOURNAL_MISSED, and the watcher counts what the journal lacks for the report.
+
+The rank never waits on journald (logs/feed.py): the pump sends each stream at most
+journald's rate-limit burst per interval, holds at most JOURNAL_BACKLOG bytes journald
+has not read yet, and leaves out whole lines beyond (JOURNAL_CROWDED when it had to for
+lack of room); the terminal and `--log-dir` get every line first.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from dataclasses import dataclass
 
 import setproctitle  # imported by the watcher: the forked pump imports nothing
 
+from gpulaunch.logs.feed import Admission, JournalLimit
+
 JOURNAL_STDOUT = "/run/systemd/journal/stdout"
-JOURNAL_BACKLOG = 16 << 20  # bytes a pump holds for journald before the rank must wait
+JOURNAL_BACKLOG = 16 << 20  # bytes a pump holds for journald; lines beyond are left out
 JOURNAL_DRAIN_TIMEOUT = 60.0  # at most this long for journald to read a finished stream
 # The pump drains the rank's pipes to the end; a broken watcher pipe is handled.
 # A notice to a whole rank (SIGUSR1/2, --signal-whole-rank) is not for the pump either.
@@ -48,7 +55,20 @@ IGNORED_SIGNALS = (
     signal.SIGUSR2,
 )
 CHUNK = 65536
-JOURNAL_MISSED = 3  # the pump's exit status when journald may have missed some lines
+# The pump's exit status: 0, or that journald missed lines (it was away for a while),
+# that the pump left lines out for lack of room (journald slower than the rank), or both.
+JOURNAL_MISSED = 3
+JOURNAL_CROWDED = 4
+JOURNAL_MISSED_AND_CROWDED = 5
+
+
+def journal_status(code: int | None) -> tuple[bool, bool]:
+    """(missed, crowded) from a pump's exit status."""
+    return (
+        code in (JOURNAL_MISSED, JOURNAL_MISSED_AND_CROWDED),
+        code in (JOURNAL_CROWDED, JOURNAL_MISSED_AND_CROWDED),
+    )
+
 
 # syslog priorities (sd-daemon.h): stdout as info, stderr as err.
 PRIORITY = {"stdout": 6, "stderr": 3}
@@ -60,6 +80,7 @@ class JournalTarget:
 
     identifier: str  # SYSLOG_IDENTIFIER of every line, e.g. "rank3"
     unit: str  # the rank's unit; journald uses it for lines whose writer is gone (root only)
+    limit: JournalLimit = JournalLimit()  # journald's rate limit: no more is sent (feed.py)
 
 
 def journal_reachable() -> str | None:
@@ -181,12 +202,16 @@ def run_pump(
 
     It is forked with IGNORED_SIGNALS ignored already: a gang stop may reach it
     before this function runs. Up to JOURNAL_BACKLOG bytes wait for journald
-    in memory; beyond that the pump stops reading and the rank waits.
+    in memory; lines beyond are left out of the journal (never out of `live`).
     """
     if rank is not None:
         name_process(rank)
     journals: dict[str, _JournalStream] = {}
     missed = False  # journald may lack some lines: the exit status says so
+    gates = {
+        stream: Admission(journal.limit if journal else JournalLimit(), JOURNAL_BACKLOG)
+        for stream in inputs
+    }
 
     def connect(stream: str, backlog: bytes = b"") -> None:
         """A (new) journal stream; without journald, the lines go to the live copy only."""
@@ -205,17 +230,7 @@ def run_pump(
     selector = selectors.DefaultSelector()
     reading = dict(inputs)
     open_live = dict(live)
-    paused = False
-
-    def set_reading(on: bool) -> None:
-        for stream, fd in reading.items():
-            if on:
-                selector.register(fd, selectors.EVENT_READ, ("in", stream))
-            else:
-                selector.unregister(fd)
-
     writing: set[str] = set()  # journal streams waiting for journald to accept more
-    last_newline: dict[str, bool] = {}  # whether a stream's output so far ends a line
 
     def watch_journal(stream: str) -> None:
         js = journals[stream]
@@ -244,7 +259,8 @@ def run_pump(
                 return
         watch_journal(stream)
 
-    set_reading(True)
+    for stream, fd in reading.items():
+        selector.register(fd, selectors.EVENT_READ, ("in", stream))
     while reading or any(js.pending for js in journals.values()):
         for key, _ in selector.select():
             kind, stream = key.data
@@ -257,7 +273,7 @@ def run_pump(
                 selector.unregister(key.fd)
                 os.close(key.fd)
                 del reading[stream]
-                if stream in journals and not last_newline.get(stream, True):
+                if stream in journals and not gates[stream].ends_line:
                     # journald would store a last line without newline only at EOF;
                     # ending it here lets "all bytes read" mean "all lines stored".
                     journals[stream].backlog += b"\n"
@@ -267,23 +283,20 @@ def run_pump(
                 continue
             if stream in open_live and not _write_all(open_live[stream], data):
                 os.close(open_live.pop(stream))
-            last_newline[stream] = data.endswith(b"\n")
             if journal is not None and stream not in journals:
                 connect(stream)  # journald was away: back now?
             if stream in journals:
-                journals[stream].backlog += data
-                flush(stream)
-        backlog = sum(js.pending for js in journals.values())
-        if not paused and backlog > JOURNAL_BACKLOG:
-            set_reading(False)
-            paused = True
-        elif paused and backlog <= JOURNAL_BACKLOG // 2:
-            set_reading(True)
-            paused = False
+                sent = gates[stream].admit(data, sum(js.pending for js in journals.values()))
+                if sent:
+                    journals[stream].backlog += sent
+                    flush(stream)
     for js in journals.values():
         js.sock.setblocking(True)
         _close_journal(js.sock)
     if hold is not None:
         with contextlib.suppress(OSError):
             os.read(hold, 1)  # EOF: the watcher has read the rank's cgroup (or is gone)
-    os._exit(JOURNAL_MISSED if missed else 0)
+    crowded = any(gate.crowded for gate in gates.values())
+    if missed:
+        os._exit(JOURNAL_MISSED_AND_CROWDED if crowded else JOURNAL_MISSED)
+    os._exit(JOURNAL_CROWDED if crowded else 0)

@@ -21,8 +21,9 @@ from gpulaunch.base.interrupts import NOTICES, pending
 from gpulaunch.base.procs import kill_and_reap, reap
 from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
+from gpulaunch.logs.journal import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
-from gpulaunch.logs.pump import JOURNAL_MISSED, JournalTarget
+from gpulaunch.logs.pump import JournalTarget, journal_status
 from gpulaunch.logs.width import rank_columns
 from gpulaunch.model import (
     Cause,
@@ -80,6 +81,7 @@ class Watcher(EventLoop):
         self.finish = finish
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r, units=supervisor.name != "direct") for r in spec.ranks]
+        self.pump_pids: dict[int, list[int]] = {}  # rank -> its pumps' pids, every attempt
         self.interrupt: tuple[float, int] | None = None
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
         self.interrupted_by: str | None = None
@@ -276,11 +278,8 @@ class Watcher(EventLoop):
 
     def _fork_rank(self, rank: Rank) -> None:
         """The rank and its log pump, both held at their gates, wired by pipes."""
-        target = (
-            JournalTarget(identifier=f"rank{rank.spec.rank}", unit=rank.spec.unit)
-            if self.journal
-            else None
-        )
+        journal = JournalTarget(f"rank{rank.spec.rank}", rank.spec.unit, journal_limit())
+        target = journal if self.journal else None
         assert self._errors is not None
         error_file = self._errors.path(self.attempt, rank.spec.rank)
         if self._written is not None:
@@ -298,6 +297,7 @@ class Watcher(EventLoop):
         death = self.supervisor.parent_death_signal
         live_out_r, live_err_r = fork_rank(rank, env, target, death, born)
         assert rank.pump is not None
+        self.pump_pids.setdefault(rank.spec.rank, []).append(rank.pump.pid)
         self._watch(rank.pump.pidfd, self._pump_handler(rank))
         self.output.add_pipe(live_out_r, rank.spec.rank, Stream.STDOUT)
         self.output.add_pipe(live_err_r, rank.spec.rank, Stream.STDERR)
@@ -374,7 +374,7 @@ class Watcher(EventLoop):
     def _pump_handler(self, rank: Rank) -> Callable[[], None]:
         def on_pump_exit() -> None:
             assert rank.pump is not None
-            rank.journal_missed = reap(rank.pump.pidfd).code == JOURNAL_MISSED
+            rank.journal_missed, rank.journal_crowded = journal_status(reap(rank.pump.pidfd).code)
             self._aio.remove_reader(rank.pump.pidfd)
             rank.pump.close()
 

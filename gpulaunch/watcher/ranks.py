@@ -26,6 +26,7 @@ class Rank:
     error_at: float | None = None  # when its @record wrote its error file (watcher/errorwatch.py)
     exit: RankExit | None = None
     journal_missed: bool = False  # its pump could not hand journald every line
+    journal_crowded: bool = False  # its pump left lines out: journald was slower than the rank
     pump_hold: int = -1  # write end of the pipe its pump waits on before exiting
     units: bool = True  # its supervisor makes units (systemd); the direct one makes none
 

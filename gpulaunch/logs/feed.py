@@ -1,0 +1,107 @@
+"""Which of a rank's lines its log pump hands journald: never at the cost of the rank's pace.
+
+journald parses and stores every line it receives, one at a time, and is slower than a
+rank printing in a tight loop; and of a unit's lines it keeps at most `RateLimitBurst=`
+per `RateLimitIntervalSec=` and priority (stdout and stderr count apart), after parsing
+the rest too. The pump therefore:
+
+- sends a stream at most the burst per interval: the lines journald would keep at least
+  (it raises the burst with the free space of its storage, never lowers it), so that it
+  does not spend a CPU on lines it would throw away while the ranks need it;
+- holds at most `room` bytes that journald has not taken yet; lines beyond are not sent
+  (the rank never waits on journald);
+- drops whole lines only, and counts them: the terminal and `--log-dir` get every line
+  regardless (the pump writes them first), and the report says exactly how many of each
+  rank's lines the journal lacks (logs/journal.py counts what it stored).
+
+Imports nothing of gpulaunch (the forked pump runs it); `journal_limit` in
+logs/journal.py reads the limit from journald.conf, in the watcher.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# journald starts its window when it reads a line, later than the pump sent it: the pump's
+# window is this much longer, so that it never sends a new burst into journald's old window.
+WINDOW_MARGIN = 1.1
+WINDOW_SLACK_S = 1.0
+
+
+@dataclass(frozen=True)
+class JournalLimit:
+    """journald's rate limit per unit and priority; burst None: no limit."""
+
+    burst: int | None = None
+    interval_s: float = 30.0
+
+
+class _Partial(enum.Enum):
+    NONE = "none"  # the stream so far ends a line
+    SENDING = "sending"  # inside a line that goes to journald: its rest goes too
+    SKIPPING = "skipping"  # inside a line held back: its rest is held back too
+
+
+class Admission:
+    """One stream's gate to journald: `admit` each chunk the rank wrote, send what it returns."""
+
+    def __init__(
+        self, limit: JournalLimit, room: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit = limit
+        self.room = room
+        self.clock = clock
+        self.allowed = 0  # lines the current window still takes
+        self.window_end = float("-inf")
+        self.partial = _Partial.NONE
+        self.held_back = 0  # lines not handed to journald, in all
+        self.crowded = False  # some of them for lack of room (journald slower than the rank)
+
+    @property
+    def ends_line(self) -> bool:
+        """Whether what was sent ends with a whole line (else: add a newline at EOF)."""
+        return self.partial is not _Partial.SENDING
+
+    def admit(self, data: bytes, pending: int) -> bytes:
+        """The part of `data` to send journald, given `pending` bytes it has not taken yet."""
+        head = b""
+        if self.partial is not _Partial.NONE:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return data if self.partial is _Partial.SENDING else b""
+            if self.partial is _Partial.SENDING:
+                head = data[: nl + 1]
+            data = data[nl + 1 :]
+            self.partial = _Partial.NONE
+        if not data:
+            return head
+        lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)  # lines begun in data
+        take = lines
+        if self.limit.burst is not None:
+            now = self.clock()
+            if now >= self.window_end:
+                self.window_end = now + self.limit.interval_s * WINDOW_MARGIN + WINDOW_SLACK_S
+                self.allowed = self.limit.burst
+            take = min(take, self.allowed)
+        free = self.room - pending - len(head)
+        if len(data) > free:
+            fit = data.count(b"\n", 0, max(free, 0))  # whole lines that fit
+            if fit < take:
+                take = fit
+                self.crowded = True
+        if self.limit.burst is not None:
+            self.allowed -= take
+        if take == lines:
+            if not data.endswith(b"\n"):
+                self.partial = _Partial.SENDING
+            return head + data
+        end = 0
+        for _ in range(take):
+            end = data.index(b"\n", end) + 1
+        self.held_back += lines - take
+        if not data.endswith(b"\n"):
+            self.partial = _Partial.SKIPPING
+        return head + data[:end]
