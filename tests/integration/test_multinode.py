@@ -370,8 +370,10 @@ def test_slurm_environment_places_the_nodes(mjob: MultiJob) -> None:
     ended = finish(mjob.start([[], []], env=env, named=False), mjob.boxes)
     assert [e.returncode for e in ended] == [0, 0], [e.stderr for e in ended]
     for e in ended:
-        if not mjob.shared_systemd:
-            assert f"gpulaunch-ddp_slurm{job_id}.0-rank{e.node * NPROC}.scope" in e.stderr
+        # A Slurm step: the direct supervisor, whose ranks have no units, and the report
+        # names none (a unit name appears only where the unit exists).
+        assert "direct supervisor (" in e.stderr, e.stderr
+        assert f"gpulaunch-ddp_slurm{job_id}.0-rank{e.node * NPROC}.scope" not in e.stderr
         assert f"node {e.node} of 2" in e.stderr
     assert [mjob.env(r)["GROUP_RANK"] for r in range(4)] == ["0", "0", "1", "1"]
     assert mjob.env(3)["MASTER_ADDR"] == "localhost"
