@@ -21,7 +21,13 @@ from gpulaunch.errors import JobExistsError, SystemdError, UnavailableError
 from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
 from gpulaunch.supervisor.anchor import anchor_name
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.supervisor.systemd_api import JobDone, JobEvent, JobQueued, UnitState
+from gpulaunch.supervisor.systemd_api import (
+    ConnectionLost,
+    JobDone,
+    JobEvent,
+    JobQueued,
+    UnitState,
+)
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.names import UnitNames
@@ -427,3 +433,66 @@ def test_settle_waits_for_the_pumps_and_briefly_for_a_last_chunk() -> None:
     held.wait(0.0, streams_open=True, pumps_done=False)
     assert held.wait(LEFTOVER_S, streams_open=True, pumps_done=False) is None  # a leftover
     assert Settle(grace=10.0).wait(0.0, streams_open=False, pumps_done=True) is None
+
+
+class ReexecDuringCreate(FakeSystemd):
+    """The connection drops during the StartTransientUnit of `at` (a user manager's
+    daemon-reexec): after systemd made the unit (`made`), or before the call reached it.
+    What was queued on the old connection is lost with it."""
+
+    def __init__(self, at: str, made: bool, pending: bool = False) -> None:
+        super().__init__()
+        self.at, self.made, self.pending = at, made, pending
+        self.lost = False
+        self.reconnects = 0
+
+    def start_transient(
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
+    ) -> str:
+        if name.endswith(self.at) and not self.lost:
+            self.lost = True
+            if self.made:
+                path = super().start_transient(name, properties, pids, aux)
+                if self.pending:  # its start job still runs: JobRemoved on the new connection
+                    self.queue = [JobDone(path, name, "done")]
+                    self.job = path
+            raise ConnectionLost("create: Connection reset by peer")
+        return super().start_transient(name, properties, pids, aux)
+
+    def reconnect(self) -> None:
+        self.reconnects += 1
+        if not self.pending:
+            self.queue = []
+
+    def unit_state(self, name: str) -> UnitState:
+        if self.pending and name.endswith(self.at):
+            return UnitState("inactive", True, self.job)
+        return super().unit_state(name)
+
+
+@pytest.mark.parametrize(
+    ("at", "made", "pending"),
+    [
+        ("-rank0.scope", True, False),
+        ("-rank0.scope", False, False),
+        ("-rank0.scope", True, True),
+        (".service", True, False),  # the anchor, with the job slice
+        (".service", False, False),
+    ],
+)
+def test_connection_lost_while_creating_carries_on(
+    wakeup: tuple[int, socket.socket], tmp_path: Path, at: str, made: bool, pending: bool
+) -> None:
+    """A daemon-reexec during a create call: the job's own end, never 71 (issue 22's soak)."""
+    sd = ReexecDuringCreate(at, made, pending)
+    spec, units = make_job([sh("exit 7")])
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
+    assert (report.status, report.cause, report.cause_rank) == (7, Cause.RANK_FAILED, 0)
+    assert sd.lost and sd.reconnects == 1
+    starts = [name for call, name in sd.calls if call == "start" and name.endswith(at)]
+    assert len(starts) == 1, sd.calls  # made once: asked again only where it was not
+    assert no_children_left()
