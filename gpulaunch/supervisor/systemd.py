@@ -112,6 +112,17 @@ class SystemdSupervisor:
             self._call(lambda: self.sd.stop_unit(units.job_slice.name))
             raise
         await self.renew_gang()
+        self._anchor_held(name)
+
+    def _anchor_held(self, anchor: str) -> None:
+        """A stop of the job slice while create() ran took it for ours (its JobNew came
+        while the slice's own start job was expected) and may have ended before the
+        watcher scope was made, which started the slice again: the stop was lost (the
+        job ran to its end). Every stop of the slice stops the anchor in it, which ends
+        only with us otherwise: it is the witness."""
+        state = self._call(lambda: self.sd.unit_state(anchor))
+        if state is not None and (state.job_pending or state.active not in ("active", "reloading")):
+            self._stopped_from_outside(self.units.job_slice.name)
 
     async def renew_gang(self) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.

@@ -17,8 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.errors import JobExistsError, SystemdError, UnavailableError
-from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
+from gpulaunch.errors import (
+    JobExistsError,
+    StoppedWhileStartingError,
+    SystemdError,
+    UnavailableError,
+)
+from gpulaunch.model import Cause, JobProgress, JobReport, JobSpec, Manager, RankSpec
 from gpulaunch.supervisor.anchor import anchor_name
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.supervisor.systemd_api import (
@@ -33,6 +38,7 @@ from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.names import UnitNames
 from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
+from gpulaunch.watcher.observers import Observer
 from gpulaunch.watcher.settle import LEFTOVER_S, Settle
 
 
@@ -495,4 +501,63 @@ def test_connection_lost_while_creating_carries_on(
     assert sd.lost and sd.reconnects == 1
     starts = [name for call, name in sd.calls if call == "start" and name.endswith(at)]
     assert len(starts) == 1, sd.calls  # made once: asked again only where it was not
+    assert no_children_left()
+
+
+class StopAtStart(FakeSystemd):
+    """`systemctl stop` of the job slice just after the anchor's call made it (the soak's
+    stop-at-start): `done` it ended before the watcher scope's call (which starts the slice
+    again); else that call is refused, as a "destructive" transaction."""
+
+    def __init__(self, done: bool) -> None:
+        super().__init__()
+        self.done = done
+
+    def start_transient(
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
+    ) -> str:
+        if name.endswith("-watcher.scope"):
+            job_slice = name.replace("-watcher.scope", ".slice")
+            if not self.done:
+                raise StoppedWhileStartingError(
+                    f"the job was stopped from outside while it started ({name}: destructive)"
+                )
+            for unit in [u for u in self.units if u.endswith("-anchor.service")]:
+                del self.units[unit]  # stopped with its slice, and collected
+            outside = "/org/freedesktop/systemd1/job/outside"
+            self.queue += [JobQueued(outside, job_slice), JobDone(outside, job_slice, "done")]
+        return super().start_transient(name, properties, pids, aux)
+
+
+class Finishes(Observer):
+    """Records what the watcher's observers are told at the end (the journal record's)."""
+
+    def __init__(self) -> None:
+        self.reports: list[JobReport] = []
+
+    async def finished(self, progress: JobProgress, report: JobReport) -> None:
+        self.reports.append(report)
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_stop_of_the_job_while_its_units_are_made_is_an_interrupt(
+    wakeup: tuple[int, socket.socket], tmp_path: Path, done: bool
+) -> None:
+    """Never lost (the job ran its 30 s and exited 0), never without its record (issue 22's
+    soak: "no journal record" after one line and 143)."""
+    sd = StopAtStart(done)
+    spec, units = make_job([sh("exit 0")])
+    seen = Finishes()
+    watcher = Watcher(
+        spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path, observers=[seen]
+    )
+    report = watcher.run()
+    assert (report.status, report.cause) == (143, Cause.INTERRUPTED)
+    assert report.interrupted_by == f"a stop of {units.job_slice.name} from outside"
+    assert seen.reports == [report]
+    assert not [name for call, name in sd.calls if call == "start" and "-rank0" in name]
     assert no_children_left()
