@@ -107,11 +107,20 @@ class SystemdSupervisor:
             await self._done(created, name)
             await self._done(self._start(units.watcher, watcher_pids), units.watcher.name)
             self._creating = False
+            await self.renew_gang()
+        except StoppedWhileStartingError:
+            # `systemctl stop` of the job as its units were made (a start job canceled, a
+            # "destructive" transaction): an interrupt, reported and recorded as one. The
+            # manager's end (`_gone`) told the watcher itself.
+            if self._gone:
+                raise
+            self._stopped_from_outside(units.job_slice.name)  # (our stop's jobs: ours)
+            self._call(lambda: self.sd.stop_unit(units.job_slice.name))
+            return
         except BaseException:
             self._outside = True  # the stop jobs that follow are ours
             self._call(lambda: self.sd.stop_unit(units.job_slice.name))
             raise
-        await self.renew_gang()
         self._anchor_held(name)
 
     def _anchor_held(self, anchor: str) -> None:

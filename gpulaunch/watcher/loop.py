@@ -250,14 +250,7 @@ class Watcher(EventLoop):
         # The peer shares our containment: it outlives us just long enough to tell
         # the other nodes that we died.
         pids = (os.getpid(),) if self.nodes is None else (os.getpid(), self.nodes.peer.pid)
-        try:
-            self._run(self.supervisor.create(pids))
-        except StoppedWhileStartingError:
-            # `systemctl stop` of the job while its units were made (a start job canceled,
-            # a "destructive" transaction): an interrupt, reported and recorded as one;
-            # the manager gone (its end) told us already.
-            if self.interrupt is None:
-                self.stopped_from_outside(f"a stop of {self.spec.names.job_slice} from outside")
+        self._run(self.supervisor.create(pids))
 
     def _start_ranks(self) -> None:
         """Fork every rank at its gate and ask the supervisor to contain it; the gates open
