@@ -182,11 +182,11 @@ class SystemdSupervisor:
         a new one, whether systemd created `name` decides. Not there: it is asked again;
         its start job still queued: that job is waited for; active: done (its JobRemoved
         went to the old connection). Only a manager gone for good fails the start."""
-        if not self._reconnect():
+        state = self._call(lambda: self.sd.unit_state(name)) if self._reconnect() else None
+        if state is None:
             raise StoppedWhileStartingError(
                 f"the job's systemd manager went away while creating {name} ({exc})"
             ) from exc
-        state = self.sd.unit_state(name)
         if state.job:
             return state.job
         if state.active in ("active", "reloading"):

@@ -28,6 +28,10 @@ STARTED = b"\0gpulaunch-started\n"  # never part of a message: it begins with NU
 class _Left(SystemExit):
     """The parent's wait ended by a signal (a SystemExit: quiet wherever it is raised)."""
 
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
 
 def _leave(signum: int, frame: object) -> None:
     raise _Left(128 + signum)
@@ -86,7 +90,7 @@ class Detached:
         except KeyboardInterrupt:  # ^C while we wait: the child goes on in its own session
             return 130
         except _Left as exc:  # SIGTERM, SIGHUP: the same
-            return int(str(exc.code))
+            return exc.status
         finally:
             for stop, handler in self._previous.items():
                 signal.signal(stop, handler)  # type: ignore[arg-type]
