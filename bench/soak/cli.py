@@ -191,4 +191,6 @@ def _say(soak: Soak, r: JobResult) -> None:
     line = f"bench soak: job {r.plan.index} {r.plan.fault} ({r.plan.describe()}): {end}"
     if r.verdict.failed:
         line += " FAILED: " + "; ".join(r.verdict.reasons) + f"\n  replay: {replay(soak, r)}"
+        tail = r.seen.stderr.rstrip().splitlines()[-6:]  # what the launcher said last
+        line += "".join(f"\n  | {text}" for text in tail)
     print(f"{line} [{r.seconds:.1f} s]", file=sys.stderr, flush=True)

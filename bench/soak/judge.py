@@ -14,7 +14,9 @@ The rules (README, "Exit status"; docs/dbus.md, the record):
   came first (it did fail: its `fault` stamp exists), then the rank's status. During
   start-up also: the process died of the signal before gpulaunch took it over (the
   shell's 143/130, nothing made, no report, no record), 130 from `gpulaunch`'s quiet ^C
-  during its imports (no report, no record), or a clean start failure (71, one line);
+  during its imports (no report, no record), 143 from its SIGTERM handler before the
+  watcher's own (one line, "stopped by SIGTERM before the job started": nothing made, no
+  report, no record may exist), or a clean start failure (71, one line);
   never 70 and never a traceback, but for one: a SIGINT in the first milliseconds, while
   the Python interpreter and the console script start and before gpulaunch's first
   line runs, ends with Python's own KeyboardInterrupt (exit 1 or the shell's 130, no
@@ -55,6 +57,8 @@ from dataclasses import dataclass
 from bench.soak.plan import RESTARTS, WATCHER_SIGNALS, Fault, JobPlan, Phase
 
 START_FAILED = 71  # README: systemd refused or failed an operation
+# gpulaunch/__main__.py's line for a stop before the watcher's handlers (the same text)
+STOPPED_BEFORE_START = "gpulaunch: stopped by {name} before the job started (nothing was made)"
 # A watcher killed by SIGKILL writes no record: none is required, and none is looked at.
 SIGKILLED_WATCHER = (
     Fault.WATCHER_SIGKILL,
@@ -101,6 +105,8 @@ class Expect:
     # The report's and record's status where the launcher's own differs (a front end
     # SIGKILLed: its watcher reports 143); None: the same as `status`.
     report_status: int | None = None
+    # A line stderr must have instead of a report; then no record may exist.
+    line: str | None = None
 
     @property
     def end(self) -> End | None:
@@ -196,6 +202,9 @@ def expected(plan: JobPlan, seen: Seen) -> list[Expect]:
     if plan.phase is Phase.START_UP:
         ends += [
             Expect(-signum, None, record=False),  # before gpulaunch took the signal over
+            # taken over (gpulaunch/__main__.py), before the watcher's own handler and so
+            # before anything of the job: one line
+            Expect(128 + signum, None, record=False, line=_before_start(signum)),
             Expect(START_FAILED, "start-failed"),  # a start that failed cleanly, reported
             Expect(START_FAILED, None, record=False),  # ... or one line before any unit
         ]
@@ -204,8 +213,17 @@ def expected(plan: JobPlan, seen: Seen) -> list[Expect]:
     return ends
 
 
+def _before_start(signum: int) -> str | None:
+    """The line of a stop before the job started (None for SIGINT: a quiet ^C)."""
+    if signum == signal.SIGINT:
+        return None
+    return STOPPED_BEFORE_START.format(name=signal.Signals(signum).name)
+
+
 def _matches(e: Expect, seen: Seen) -> bool:
     if seen.returncode != e.status:
+        return False
+    if e.line is not None and e.line not in seen.stderr.splitlines():
         return False
     return seen.headline == e.end
 
@@ -249,7 +267,10 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
     # the rules allow: then a wrong end without a record is missing one too.
     needed_by = [match] if match is not None else ends
     needs_record = seen.headline is not None or all(e.record for e in needed_by)
-    if plan.fault not in SIGKILLED_WATCHER:  # (a record there must say what happened)
+    if match is not None and match.line is not None and seen.record is not None:
+        v["wrong_report"] = True  # nothing was started: nothing may be recorded
+        reasons.append(f"record {_show(seen.record)} after {match.line!r}")
+    elif plan.fault not in SIGKILLED_WATCHER:  # (a record there must say what happened)
         status = seen.returncode
         if match is not None and match.report_status is not None:
             status = match.report_status
@@ -295,7 +316,7 @@ def _before_our_code(plan: JobPlan, seen: Seen) -> bool:
     return True
 
 
-ENTRY_LINES = 18  # gpulaunch/__main__.py up to the line that installs its quiet ^C
+ENTRY_LINES = 36  # gpulaunch/__main__.py up to the line that installs its quiet ^C
 
 
 def _show(end: End | None) -> str:

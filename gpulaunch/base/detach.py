@@ -10,14 +10,31 @@ job id and exits 0, and the child's stderr becomes /dev/null), or, if the start
 failed, the child's error line followed by its exit (the parent exits with the
 child's status; the child has left nothing behind by then). From then on the
 job's outcome is on the bus and in its journal record: `gpulaunch wait JOB`.
+
+A SIGINT, SIGTERM or SIGHUP to the parent ends only its wait (128+N, quietly): the
+child goes on in its own session (not gpulaunch/__main__.py's "stopped before the
+job started", which would not be true).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 STARTED = b"\0gpulaunch-started\n"  # never part of a message: it begins with NUL
+
+
+class _Left(SystemExit):
+    """The parent's wait ended by a signal (a SystemExit: quiet wherever it is raised)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _leave(signum: int, frame: object) -> None:
+    raise _Left(128 + signum)
 
 
 class Detached:
@@ -26,6 +43,7 @@ class Detached:
     def __init__(self, pid: int, fd: int | None) -> None:
         self.pid = pid  # the child's pid in the parent; 0 in the child
         self._fd = fd  # the parent's read end; None in the child
+        self._previous: dict[int, object] = {}  # the parent's handlers before its wait
 
     @property
     def is_parent(self) -> bool:
@@ -38,8 +56,12 @@ class Detached:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid:
+            parent = cls(pid, read_end)
+            for stop in (signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(stop) is not signal.SIG_IGN:
+                    parent._previous[stop] = signal.signal(stop, _leave)
             os.close(write_end)
-            return cls(pid, read_end)
+            return parent
         os.close(read_end)
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -67,7 +89,11 @@ class Detached:
                     return 0
         except KeyboardInterrupt:  # ^C while we wait: the child goes on in its own session
             return 130
+        except _Left as exc:  # SIGTERM, SIGHUP: the same
+            return exc.status
         finally:
+            for stop, handler in self._previous.items():
+                signal.signal(stop, handler)  # type: ignore[arg-type]
             os.close(self._fd)
             self._fd = None
         os.write(2, pending)

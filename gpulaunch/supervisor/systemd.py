@@ -28,7 +28,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 from gpulaunch.errors import (
     GpulaunchError,
@@ -44,6 +44,8 @@ from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 
 T = TypeVar("T")
+# The path of a start job that ended while the connection was lost (`_lost_while_creating`).
+_SETTLED = "/gpulaunch/settled"
 
 
 class SystemdSupervisor:
@@ -109,11 +111,31 @@ class SystemdSupervisor:
             await self._done(created, name)
             await self._done(self._start(units.watcher, watcher_pids), units.watcher.name)
             self._creating = False
+            await self.renew_gang()
+        except StoppedWhileStartingError:
+            # `systemctl stop` of the job as its units were made (a start job canceled, a
+            # "destructive" transaction): an interrupt, reported and recorded as one. The
+            # manager's end (`_gone`) told the watcher itself.
+            if self._gone:
+                raise
+            self._stopped_from_outside(units.job_slice.name)  # (our stop's jobs: ours)
+            self._call(lambda: self.sd.stop_unit(units.job_slice.name))
+            return
         except BaseException:
             self._outside = True  # the stop jobs that follow are ours
             self._call(lambda: self.sd.stop_unit(units.job_slice.name))
             raise
-        await self.renew_gang()
+        self._anchor_held(name)
+
+    def _anchor_held(self, anchor: str) -> None:
+        """A stop of the job slice while create() ran took it for ours (its JobNew came
+        while the slice's own start job was expected) and may have ended before the
+        watcher scope was made, which started the slice again: the stop was lost (the
+        job ran to its end). Every stop of the slice stops the anchor in it, which ends
+        only with us otherwise: it is the witness."""
+        state = self._call(lambda: self.sd.unit_state(anchor))
+        if state is not None and (state.job_pending or state.active not in ("active", "reloading")):
+            self._stopped_from_outside(self.units.job_slice.name)
 
     async def renew_gang(self) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.
@@ -149,7 +171,7 @@ class SystemdSupervisor:
         return done
 
     def _create(self, call: Callable[[], str], name: str) -> str:
-        """A StartTransientUnit call; a lost connection fails this start, cleanly."""
+        """A StartTransientUnit call: its start job's path (to wait for)."""
         if self._gone:
             raise StoppedWhileStartingError(f"the job's systemd manager went away ({name})")
         try:
@@ -157,17 +179,28 @@ class SystemdSupervisor:
             # call never reached it, so it is asked again while it comes back (reach.py).
             return retry(call, (NoSystemdError,))
         except ConnectionLost as exc:  # it may or may not have created `name`
-            self._lost_while_creating(name, exc)
+            return self._lost_while_creating(call, name, exc)
 
-    def _lost_while_creating(self, name: str, exc: ConnectionLost) -> NoReturn:
-        """This start fails, cleanly: 71 "start the job again", or the manager is gone."""
-        if not self._reconnect():
+    def _lost_while_creating(self, call: Callable[[], str], name: str, exc: ConnectionLost) -> str:
+        """The connection went during the call (a daemon-reexec, a restart of the bus): on
+        a new one, whether systemd created `name` decides. Not there: it is asked again;
+        its start job still queued: that job is waited for; active: done (its JobRemoved
+        went to the old connection). Only a manager gone for good fails the start."""
+        state = self._call(lambda: self.sd.unit_state(name)) if self._reconnect() else None
+        if state is None:
             raise StoppedWhileStartingError(
                 f"the job's systemd manager went away while creating {name} ({exc})"
             ) from exc
-        raise SystemdError(
-            f"systemd went away while creating {name} ({exc}); start the job again"
-        ) from exc
+        if state.job:
+            return state.job
+        if state.active in ("active", "reloading"):
+            path = f"{_SETTLED}/{name}"
+            assert self._loop is not None  # handled once the caller waits for `path`
+            self._loop.call_soon(self._handle, [JobDone(path=path, unit=name, result="done")])
+            return path
+        if state.active == "inactive":  # never created (or collected at once): again
+            return self._create(call, name)
+        raise SystemdError(f"systemd could not start {name}: it is {state.active}")
 
     async def _done(self, job: asyncio.Future[str], name: str) -> None:
         result = await job

@@ -118,6 +118,7 @@ class UnitState:
 
     active: str
     job_pending: bool
+    job: str = ""  # the object path of that job ("" if none)
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,7 @@ class Systemd:
         `aux`: units created in the same call (all of them or none), started
         only as the main unit's dependencies. The reply comes before the job
         ran: wait for `JobDone` with this path. `ConnectionLost`: whether the
-        unit was created is unknown.
+        unit was created is unknown (reconnect and ask `unit_state`).
         """
         args: list[Any] = apply_signature(b"ss", [name.encode(), b"fail"])
         props = list(properties)
@@ -359,10 +360,6 @@ class Systemd:
         args += [(-1, None)]
         try:
             path = self._call(b"StartTransientUnit", args, what="create", unit=name)
-        except ConnectionLost as exc:
-            raise SystemdError(
-                f"systemd went away while creating {name} ({exc.__cause__}); start the job again"
-            ) from exc
         except DBusBaseError as exc:
             raise self._start_error(name, exc) from exc
         return _text(path)
@@ -435,7 +432,10 @@ class Systemd:
             raise SystemdError(f"systemd could not tell the state of {name}: {exc}") from exc
         values = {_text(k): v for k, v in (props.items() if isinstance(props, dict) else props)}
         job = values.get("Job", (0, b"/"))
-        return UnitState(_text(values.get("ActiveState", b"inactive")), bool(job and job[0]))
+        pending = bool(job and job[0])
+        return UnitState(
+            _text(values.get("ActiveState", b"inactive")), pending, _text(job[1]) if pending else ""
+        )
 
     def ping(self) -> None:
         """A round trip to systemd: what it sent before its reply is then in our queue.

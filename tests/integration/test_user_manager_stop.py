@@ -91,9 +91,8 @@ def test_user_manager_reexecs_during_front_end_starts(owner: Login, job: Job) ->
         owner.box.run(reexec, check=True)
         _, err = proc.communicate(timeout=120)
         ends.append((i, proc.returncode, err.strip().splitlines()[-1:]))
-    # What it may still be: a create whose reply was lost (the unit may exist or not) is
-    # one clear line and 71, "start the job again". Never 70, never a traceback.
-    lost = "gpulaunch: error: systemd went away while creating "
-    bad = [e for e in ends if e[1] != 0 and not (e[1] == 71 and e[2][0].startswith(lost))]
+    # A create whose reply was lost: the unit's state on a new connection decides (it was
+    # 71, "start the job again", in 2 of 25 of the soak's). Never 71, 70, a traceback.
+    bad = [e for e in ends if e[1] != 0]
     assert bad == [], ends
     print("user manager reexecs during front-end starts:", [e[:2] for e in ends])

@@ -42,6 +42,37 @@ def test_interrupt_during_imports_is_quiet(tmp_path: Path, command: list[str]) -
     assert (proc.returncode, out, err) == (130, "", "")
 
 
+@pytest.mark.parametrize(
+    ("command", "line"),
+    [
+        (
+            [GPULAUNCH, "start", "--nproc", "1", "x.py"],
+            "gpulaunch: stopped by SIGTERM before the job started (nothing was made)",
+        ),
+        ([GPULAUNCH, "--debug", "list"], "gpulaunch: stopped by SIGTERM"),
+    ],
+)
+def test_sigterm_during_imports_says_it_in_one_line(
+    tmp_path: Path, command: list[str], line: str
+) -> None:
+    """143 and one line, never silence (issue 22's soak: "report none for exit 143")."""
+    (tmp_path / "jinja2").mkdir()
+    (tmp_path / "jinja2" / "__init__.py").write_text(SLOW_IMPORT)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "importing\n"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (proc.returncode, out, err) == (143, "", line + "\n")
+
+
 AFTER_IMPORTS = """
 import signal
 from gpulaunch import cli

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import struct
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -303,6 +306,37 @@ def test_detach_passes_on_a_failed_start(capfd: pytest.CaptureFixture[str]) -> N
     code, out, err = run_detached("fail", capfd)
     assert (code, out) == (73, "")
     assert err == "gpulaunch: job x: 1 ranks\ngpulaunch: error: it broke; fix it\n"
+
+
+def test_a_sigterm_to_the_detach_parent_ends_only_its_wait(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """128+N and nothing said: not __main__.py's "before the job started" (the child, in its
+    own session, may be making the job's units)."""
+
+    def heard(signum: int, frame: object) -> None:  # (without the wait's: pytest lives on)
+        pass
+
+    pytests = signal.signal(signal.SIGTERM, heard)
+    try:
+        detached = Detached.fork()
+        if not detached.is_parent:  # pragma: no cover - the child
+            try:
+                time.sleep(5)
+            finally:
+                os._exit(0)
+        threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGTERM)).start()
+        try:
+            code = detached.wait_started("job-x")
+        finally:
+            os.kill(detached.pid, signal.SIGKILL)
+            os.waitpid(detached.pid, 0)
+        before = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, pytests)
+    assert code == 128 + signal.SIGTERM
+    assert before is heard  # the wait's handler is gone with it
+    assert capfd.readouterr() == ("", "")
 
 
 def test_marker_split_across_reads_is_held_back() -> None:

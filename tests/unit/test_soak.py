@@ -6,11 +6,13 @@ The soak itself runs against the box in tests/integration/test_soak.py.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
-from bench.soak.judge import End, Seen, judge, parse_headline
+from bench.soak.judge import STOPPED_BEFORE_START, End, Seen, judge, parse_headline
 from bench.soak.plan import FAULTS, Fault, JobPlan, Phase, draw
 
 JOB = "bench_soak_0123456789"
+MAIN = Path(__file__).parents[2] / "gpulaunch" / "__main__.py"
 
 
 def seen(returncode: int | None, report: End | None, **kw: object) -> Seen:
@@ -206,3 +208,21 @@ def test_a_direct_job_whose_watcher_died_is_not_said_to_run() -> None:
     assert judge(plan, seen(-9, None, state_after="running")).wrong_report
     assert not judge(plan, seen(-9, None, state_after="stopped")).failed
     assert not judge(plan, seen(-9, None, state_after=None)).failed
+
+
+def test_a_sigterm_before_the_watchers_handler_is_one_line_and_no_record() -> None:
+    """gpulaunch/__main__.py takes a SIGTERM over from its first line (issue 22, item 11):
+    before the watcher's own handler nothing of the job exists, and it says so in one line
+    (it was "report none for exit 143" in 4 of 20 of the 500-job soak)."""
+    plan = plan_of(Fault.WATCHER_SIGTERM, phase=Phase.START_UP)
+    line = "gpulaunch: stopped by SIGTERM before the job started (nothing was made)"
+    assert STOPPED_BEFORE_START.format(name="SIGTERM") == line
+    assert f'STOPPED_BEFORE_START = "{STOPPED_BEFORE_START}"' in MAIN.read_text()  # the same
+    assert not judge(plan, seen(143, None, stderr=line + "\n")).failed
+    assert judge(plan, seen(143, None)).wrong_report  # silent: not what it says
+    assert judge(plan, seen(143, None, stderr=line + "\n", leaked_units=("x",))).leaked_units
+    recorded = seen(143, None, stderr=line + "\n", record=End(143, "interrupted", None))
+    assert judge(plan, recorded).wrong_report  # said nothing was made, yet recorded
+    # a SIGTERM once the job runs owes its report, whatever the phase
+    late = plan_of(Fault.WATCHER_SIGTERM, phase=Phase.RUNNING)
+    assert judge(late, seen(143, None, stderr=line + "\n")).failed

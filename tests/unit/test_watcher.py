@@ -18,14 +18,26 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.base.names import UnitNames
-from gpulaunch.errors import JobExistsError, SystemdError, UnavailableError
-from gpulaunch.model import Cause, JobSpec, Manager, RankSpec
+from gpulaunch.errors import (
+    JobExistsError,
+    StoppedWhileStartingError,
+    SystemdError,
+    UnavailableError,
+)
+from gpulaunch.model import Cause, JobProgress, JobReport, JobSpec, Manager, RankSpec
 from gpulaunch.supervisor.systemd import SystemdSupervisor
-from gpulaunch.supervisor.systemd_api import JobDone, JobEvent, JobQueued, UnitState
+from gpulaunch.supervisor.systemd_api import (
+    ConnectionLost,
+    JobDone,
+    JobEvent,
+    JobQueued,
+    UnitState,
+)
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
+from gpulaunch.watcher.observers import Observer
 from gpulaunch.watcher.settle import LEFTOVER_S, Settle
 
 
@@ -426,3 +438,125 @@ def test_settle_waits_for_the_pumps_and_briefly_for_a_last_chunk() -> None:
     held.wait(0.0, streams_open=True, pumps_done=False)
     assert held.wait(LEFTOVER_S, streams_open=True, pumps_done=False) is None  # a leftover
     assert Settle(grace=10.0).wait(0.0, streams_open=False, pumps_done=True) is None
+
+
+class ReexecDuringCreate(FakeSystemd):
+    """The connection drops during the StartTransientUnit of `at` (a user manager's
+    daemon-reexec): after systemd made the unit (`made`), or before the call reached it.
+    What was queued on the old connection is lost with it."""
+
+    def __init__(self, at: str, made: bool, pending: bool = False) -> None:
+        super().__init__()
+        self.at, self.made, self.pending = at, made, pending
+        self.lost = False
+        self.reconnects = 0
+
+    def start_transient(
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
+    ) -> str:
+        if name.endswith(self.at) and not self.lost:
+            self.lost = True
+            if self.made:
+                path = super().start_transient(name, properties, pids, aux)
+                if self.pending:  # its start job still runs: JobRemoved on the new connection
+                    self.queue = [JobDone(path, name, "done")]
+                    self.job = path
+            raise ConnectionLost("create: Connection reset by peer")
+        return super().start_transient(name, properties, pids, aux)
+
+    def reconnect(self) -> None:
+        self.reconnects += 1
+        if not self.pending:
+            self.queue = []
+
+    def unit_state(self, name: str) -> UnitState:
+        if self.pending and name.endswith(self.at):
+            return UnitState("inactive", True, self.job)
+        return super().unit_state(name)
+
+
+@pytest.mark.parametrize(
+    ("at", "made", "pending"),
+    [
+        ("-rank0.scope", True, False),
+        ("-rank0.scope", False, False),
+        ("-rank0.scope", True, True),
+        (".service", True, False),  # the anchor, with the job slice
+        (".service", False, False),
+    ],
+)
+def test_connection_lost_while_creating_carries_on(
+    wakeup: tuple[int, socket.socket], tmp_path: Path, at: str, made: bool, pending: bool
+) -> None:
+    """A daemon-reexec during a create call: the job's own end, never 71 (issue 22's soak)."""
+    sd = ReexecDuringCreate(at, made, pending)
+    spec, units = make_job([sh("exit 7")])
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
+    assert (report.status, report.cause, report.cause_rank) == (7, Cause.RANK_FAILED, 0)
+    assert sd.lost and sd.reconnects == 1
+    starts = [name for call, name in sd.calls if call == "start" and name.endswith(at)]
+    assert len(starts) == 1, sd.calls  # made once: asked again only where it was not
+    assert no_children_left()
+
+
+class StopAtStart(FakeSystemd):
+    """`systemctl stop` of the job slice just after the anchor's call made it (the soak's
+    stop-at-start): `done` it ended before the watcher scope's call (which starts the slice
+    again); else that call is refused, as a "destructive" transaction."""
+
+    def __init__(self, done: bool) -> None:
+        super().__init__()
+        self.done = done
+
+    def start_transient(
+        self,
+        name: str,
+        properties: Sequence[Property],
+        pids: Sequence[int] = (),
+        aux: Sequence[tuple[str, Sequence[Property]]] = (),
+    ) -> str:
+        if name.endswith("-watcher.scope"):
+            job_slice = name.replace("-watcher.scope", ".slice")
+            if not self.done:
+                raise StoppedWhileStartingError(
+                    f"the job was stopped from outside while it started ({name}: destructive)"
+                )
+            for unit in [u for u in self.units if u.endswith("-anchor.service")]:
+                del self.units[unit]  # stopped with its slice, and collected
+            outside = "/org/freedesktop/systemd1/job/outside"
+            self.queue += [JobQueued(outside, job_slice), JobDone(outside, job_slice, "done")]
+        return super().start_transient(name, properties, pids, aux)
+
+
+class Finishes(Observer):
+    """Records what the watcher's observers are told at the end (the journal record's)."""
+
+    def __init__(self) -> None:
+        self.reports: list[JobReport] = []
+
+    async def finished(self, progress: JobProgress, report: JobReport) -> None:
+        self.reports.append(report)
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_stop_of_the_job_while_its_units_are_made_is_an_interrupt(
+    wakeup: tuple[int, socket.socket], tmp_path: Path, done: bool
+) -> None:
+    """Never lost (the job ran its 30 s and exited 0), never without its record (issue 22's
+    soak: "no journal record" after one line and 143)."""
+    sd = StopAtStart(done)
+    spec, units = make_job([sh("exit 0")])
+    seen = Finishes()
+    watcher = Watcher(
+        spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path, observers=[seen]
+    )
+    report = watcher.run()
+    assert (report.status, report.cause) == (143, Cause.INTERRUPTED)
+    assert report.interrupted_by == f"a stop of {units.job_slice.name} from outside"
+    assert seen.reports == [report]
+    assert not [name for call, name in sd.calls if call == "start" and "-rank0" in name]
+    assert no_children_left()
