@@ -130,6 +130,10 @@ if args.kind == "trainer":
         type(trainer.strategy.cluster_environment).__name__,
         {"strategy": type(trainer.strategy).__name__, "predictions": len(predictions or [])},
     )
+    trainer.strategy.barrier()
+    # No gloo thread left running at exit: torch 2.13's gloo can abort a rank in interpreter
+    # teardown otherwise ("terminate called without an active exception", seen under srun).
+    torch.distributed.destroy_process_group()
 else:
     fabric = L.Fabric(
         accelerator="cpu",
