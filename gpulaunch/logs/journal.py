@@ -37,11 +37,8 @@ def _conf_files(root: Path) -> list[Path]:
 
 
 def rate_limit_burst(root: Path = Path("/")) -> int | None:
-    """journald's configured burst per unit, or None when rate limiting is off."""
-    burst, interval = rate_limit_settings(root)
-    if burst == 0 or interval.strip() in ("0", "0s", "0ms", "0us"):
-        return None
-    return burst
+    """journald's configured burst per unit, or None when rate limiting is off (read now)."""
+    return read_journal_limit(root).burst
 
 
 def rate_limit_settings(root: Path = Path("/")) -> tuple[int, str]:
@@ -66,10 +63,9 @@ def rate_limit_settings(root: Path = Path("/")) -> tuple[int, str]:
     return burst, interval
 
 
-@functools.cache
-def journal_limit(root: Path = Path("/")) -> JournalLimit:
-    """journald's rate limit as journald.conf and its drop-ins set it (read once), for the
-    pumps (logs/feed.py)."""
+def read_journal_limit(root: Path = Path("/")) -> JournalLimit:
+    """journald's rate limit as journald.conf and its drop-ins set it: a burst of 0 or an
+    interval of 0 (in any unit) turns it off."""
     burst, interval = rate_limit_settings(root)
     try:
         seconds = parse_timespan(interval) / 1e6
@@ -78,6 +74,12 @@ def journal_limit(root: Path = Path("/")) -> JournalLimit:
     if burst == 0 or seconds == 0:
         return JournalLimit(None)
     return JournalLimit(burst, seconds)
+
+
+@functools.cache
+def journal_limit(root: Path = Path("/")) -> JournalLimit:
+    """`read_journal_limit`, read once, for the pumps (logs/feed.py)."""
+    return read_journal_limit(root)
 
 
 def _journalctl(manager: Manager, args: Sequence[str]) -> list[str]:
