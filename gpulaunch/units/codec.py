@@ -58,7 +58,6 @@ from gpulaunch.units.values import (
     parse_size,
     parse_timespan,
     scale_from_permyriad,
-    skip_whitespace,
     split_words,
 )
 
@@ -260,64 +259,12 @@ _DEPENDENCIES = (
 
 # --- service values: ExecStart= and Environment= words, Limit*= (units/*.service) ---------
 
-_C_ESCAPES = {
-    "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-    "s": " ", "\\": "\\", '"': '"', "'": "'",
-}  # fmt: skip
-
-
-def _cunescape_one(text: str, i: int) -> tuple[str, int]:
-    """The character the C escape at text[i] (after the backslash) stands for, and the index
-    after it: cunescape_one() (src/basic/escape.c), without its NUL."""
-    c = text[i : i + 1]
-    if c in _C_ESCAPES:
-        return _C_ESCAPES[c], i + 1
-    digits = {"x": 2, "u": 4, "U": 8}.get(c)
-    if digits is not None:
-        code = text[i + 1 : i + 1 + digits]
-        if len(code) == digits and all(d in "0123456789abcdefABCDEF" for d in code):
-            value = int(code, 16)
-            if value and value < 0x110000 and not 0xD800 <= value < 0xE000:
-                return chr(value), i + 1 + digits
-    elif c in "01234567":
-        code = text[i : i + 3]
-        if len(code) == 3 and all(d in "01234567" for d in code) and int(code, 8):
-            return chr(int(code, 8)), i + 3
-    raise InvalidValue(f"bad escape \\{c}" if c else "trailing backslash")
-
 
 def exec_words(text: str) -> list[str]:
     """The words of ExecStart= or Environment=: extract_first_word() with EXTRACT_UNQUOTE and
     EXTRACT_CUNESCAPE: '...' and "..." quote, and a backslash starts a C escape (\\n, \\t,
     \\xNN, \\", \\\\, ...) inside quotes and out."""
-    words: list[str] = []
-    i = skip_whitespace(text, 0)
-    while i < len(text):
-        word: list[str] = []
-        quote = ""
-        while i < len(text):
-            c = text[i]
-            if c == "\\":
-                char, i = _cunescape_one(text, i + 1)
-                word.append(char)
-                continue
-            if quote:
-                if c == quote:
-                    quote = ""
-                else:
-                    word.append(c)
-            elif c in WHITESPACE:
-                break
-            elif c in "'\"":
-                quote = c
-            else:
-                word.append(c)
-            i += 1
-        if quote:
-            raise InvalidValue("unbalanced quotes")
-        words.append("".join(word))
-        i = skip_whitespace(text, i)
-    return words
+    return split_words(text, unquote=True, retain_escape=False, cunescape=True)
 
 
 RLIMIT_ACCEPTED = "use SOFT:HARD or one value for both, each a plain number or infinity"

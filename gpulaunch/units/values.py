@@ -295,12 +295,42 @@ def parse_cpu_set(text: str) -> bytes:
     return mask.to_bytes(words * _CPU_MASK_BYTES, "little")
 
 
-def next_word(text: str, i: int, *, unquote: bool, retain_escape: bool) -> tuple[str, int] | None:
+_C_ESCAPES = {
+    "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+    "s": " ", "\\": "\\", '"': '"', "'": "'",
+}  # fmt: skip
+
+
+def _cunescape_one(text: str, i: int) -> tuple[str, int]:
+    """The character the C escape at text[i] (after the backslash) stands for, and the index
+    after it: cunescape_one() (src/basic/escape.c), without its NUL."""
+    c = text[i : i + 1]
+    if c in _C_ESCAPES:
+        return _C_ESCAPES[c], i + 1
+    digits = {"x": 2, "u": 4, "U": 8}.get(c)
+    if digits is not None:
+        code = text[i + 1 : i + 1 + digits]
+        if len(code) == digits and all(d in "0123456789abcdefABCDEF" for d in code):
+            value = int(code, 16)
+            if value and value < 0x110000 and not 0xD800 <= value < 0xE000:
+                return chr(value), i + 1 + digits
+    elif c in "01234567":
+        code = text[i : i + 3]
+        if len(code) == 3 and all(d in "01234567" for d in code) and int(code, 8):
+            return chr(int(code, 8)), i + 3
+    raise InvalidValue(f"bad escape \\{c}" if c else "trailing backslash")
+
+
+def next_word(
+    text: str, i: int, *, unquote: bool, retain_escape: bool, cunescape: bool = False
+) -> tuple[str, int] | None:
     """The word at or after `i`, and the index after it; None when only whitespace is left.
 
     extract_first_word() (src/basic/extract-word.c): words are separated by whitespace;
     `unquote` removes '...' and "..." quoting (EXTRACT_UNQUOTE); without `retain_escape` a
-    backslash takes the next character literally, with it backslashes are kept as written.
+    backslash takes the next character literally, with it backslashes are kept as written;
+    `cunescape` makes a backslash start a C escape instead, inside quotes and out
+    (EXTRACT_CUNESCAPE).
     """
     i = skip_whitespace(text, i)
     if i == len(text):
@@ -309,6 +339,10 @@ def next_word(text: str, i: int, *, unquote: bool, retain_escape: bool) -> tuple
     quote = ""
     while i < len(text):
         c = text[i]
+        if c == "\\" and cunescape:
+            char, i = _cunescape_one(text, i + 1)
+            word.append(char)
+            continue
         if c == "\\" and not retain_escape:
             i += 1
             if i == len(text):
@@ -331,11 +365,17 @@ def next_word(text: str, i: int, *, unquote: bool, retain_escape: bool) -> tuple
     return "".join(word), i
 
 
-def split_words(text: str, *, unquote: bool, retain_escape: bool) -> list[str]:
+def split_words(
+    text: str, *, unquote: bool, retain_escape: bool, cunescape: bool = False
+) -> list[str]:
     """All words of `text`, see next_word()."""
     words: list[str] = []
     i = 0
-    while (found := next_word(text, i, unquote=unquote, retain_escape=retain_escape)) is not None:
+    while (
+        found := next_word(
+            text, i, unquote=unquote, retain_escape=retain_escape, cunescape=cunescape
+        )
+    ) is not None:
         word, i = found
         words.append(word)
     return words
