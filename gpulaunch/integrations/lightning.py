@@ -92,9 +92,9 @@ def record_failure(exc: BaseException, tb: TracebackType | None) -> None:
     The rank is failing but has its teardown still ahead (Lightning's, then the
     interpreter's), which can take a second; meanwhile the others notice the broken
     collective, and one of them may die of it (gloo aborts: SIGABRT) before this rank
-    has exited, and be taken for the cause. gpulaunch stops the others as soon as the
-    file is written and names this rank the cause, with its own exit status once it
-    exits (gpulaunch/watcher/errorwatch.py). An interrupt, or an exit with status 0, is
+    has exited, and be taken for the cause. gpulaunch names the rank whose file came
+    first the cause, with its own exit status once it exits, and waits for that exit at
+    most the grace (gpulaunch/watcher/errorwatch.py). An interrupt, or an exit with status 0, is
     no error. The format is torch's (torch.distributed.elastic.multiprocessing.errors).
 
     Called from Trainer's `on_exception` and around Fabric's `fabric.launch(fn)`: both
@@ -176,7 +176,21 @@ class _RankFabricLauncher(_FabricLauncher):
             return function(*args, **kwargs)
         except BaseException as exc:
             record_failure(exc, exc.__traceback__)
+            _release_process_group()
             raise
+
+
+def _release_process_group() -> None:
+    """A failing rank lets go of its process group before the interpreter's teardown: with
+    gloo's threads still running, torch 2.13 can abort the exiting rank ("terminate called
+    without an active exception", SIGABRT) and its own exit status (sys.exit(7)) is lost."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the rank's own failure is what matters now
+            pass
 
 
 def _options(
