@@ -9,6 +9,7 @@ tests/integration/jobs.Job.alive) and DIR/rankN.json (pid, ppid, LOCAL_RANK, ...
 """
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -43,6 +44,18 @@ with open(os.path.join(out, "before.txt"), "a") as f:
 if "GPULAUNCH_JOB" not in os.environ:
     with open(os.path.join(out, "original.pid"), "w") as f:
         f.write(str(os.getpid()))
+
+
+def at_exit() -> None:
+    """Registered before Lightning's: runs after the strategy's own exit hook (LIFO), so
+    it sees whether the strategy let go of the process group (no explicit destroy here)."""
+    rank = os.environ.get("RANK")
+    if rank is not None and "GPULAUNCH_JOB" in os.environ:
+        with open(os.path.join(out, f"exit{rank}.json"), "w") as f:
+            json.dump({"initialized": torch.distributed.is_initialized()}, f)
+
+
+atexit.register(at_exit)
 
 
 def started(rank: int) -> None:
@@ -131,9 +144,7 @@ if args.kind == "trainer":
         {"strategy": type(trainer.strategy).__name__, "predictions": len(predictions or [])},
     )
     trainer.strategy.barrier()
-    # No gloo thread left running at exit: torch 2.13's gloo can abort a rank in interpreter
-    # teardown otherwise ("terminate called without an active exception", seen under srun).
-    torch.distributed.destroy_process_group()
+    # no destroy_process_group(): the strategy lets go of it at exit (see exitN.json)
 else:
     fabric = L.Fabric(
         accelerator="cpu",
@@ -165,4 +176,3 @@ else:
         {"strategy": type(fabric.strategy).__name__},
     )
     fabric.barrier()
-    torch.distributed.destroy_process_group()  # no gloo thread left running at exit
