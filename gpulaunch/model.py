@@ -216,6 +216,28 @@ class Phase(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class StepInfo:
+    """What a rank said of its training through the progress channel (gpulaunch/progress/).
+
+    `at` is the CLOCK_MONOTONIC time of its last step report: readers compute the
+    seconds since then themselves. Rates and step times are over the recent steps.
+    """
+
+    step: int
+    total: int | None  # the steps it expects in all, if it said so
+    at: float
+    steps_per_second: float | None  # None until two steps were seen
+    step_seconds: float | None  # the recent mean time of one step
+    straggler: bool = False  # its step time stays above the others' (--straggler-*)
+
+    def eta_seconds(self) -> float | None:
+        """Seconds until `total` at the current rate, where both are known."""
+        if self.total is None or not self.steps_per_second:
+            return None
+        return max(0, self.total - self.step) / self.steps_per_second
+
+
+@dataclass(frozen=True)
 class RankProgress:
     """One rank as its watcher sees it at one instant (immutable: observers keep it)."""
 
@@ -226,6 +248,8 @@ class RankProgress:
     pid: int | None  # None until it was forked
     stop_requested: bool  # the watcher asked for it to be stopped
     exit: RankExit | None
+    steps: StepInfo | None = None  # None while (or if ever) the rank reports no steps
+    status_text: str | None = None  # its last STATUS= through the progress channel
 
 
 @dataclass(frozen=True)
