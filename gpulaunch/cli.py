@@ -19,6 +19,7 @@ from gpulaunch.base.argtext import not_utf8, printable
 from gpulaunch.debug.options import HangOptions, add_hang_options
 from gpulaunch.errors import GpulaunchError, UsageError
 from gpulaunch.frontend.argv import unpack_argv
+from gpulaunch.metrics.options import add_metrics_options, metrics_options
 from gpulaunch.options import (
     add_manager_options,
     add_output_options,
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--detach", "-d", action="store_true", help="print the job id and return; the job runs on"
     )
     add_hang_options(start)
+    add_metrics_options(start)
     # Set by the front end (gpulaunch/frontend/) on the watcher it starts; not for users.
     start.add_argument("--frontend-child", action="store_true", help=argparse.SUPPRESS)
     start.set_defaults(func=cmd_start)
@@ -332,6 +334,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         argv=args.argv,
         frontend_child=args.frontend_child,
         hang_options=hang,
+        metrics=metrics_options(args),
     )
 
 

@@ -29,6 +29,7 @@ from gpulaunch.leases.request import stand_in
 from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
 from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
+from gpulaunch.metrics.observer import MetricsOptions, metrics_observers
 from gpulaunch.model import JobReport, JobSpec, Manager, SupervisorKind
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import (
@@ -60,8 +61,7 @@ if TYPE_CHECKING:
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
-    """The job and its units, decided before anything starts (bad input fails here).
-
+    """The job and its units, decided before anything starts (bad input fails here):
     `--gpus auto:N` not leased yet (render, the checks before the start): the pool's
     first N GPUs stand in for those the lease will give (_lease)."""
     opts = stand_in(opts)
@@ -70,12 +70,10 @@ def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, Job
 
 
 def render(opts: StartOptions, argv: Sequence[str] = ()) -> int:
-    """`gpulaunch render`: print the units `start` would create: the job slice, the anchor
-    (for this process as the watcher), the watcher scope, the ranks slice, the rank scopes
-    and, where `start` would go through the front end (gpulaunch/frontend/), its service.
-
-    `argv`: the command line as typed (`render` in it stands for `start`).
-    """
+    """`gpulaunch render`: print the units `start` would create (`argv`: the command line as
+    typed; `render` in it stands for `start`): the job slice, the anchor (for this process as
+    the watcher), the watcher scope, the ranks slice, the rank scopes and, where `start` would
+    go through the front end (gpulaunch/frontend/), its service."""
     spec, units = plan(opts)
     shown = [units.job_slice, units.anchor(os.getpid()), *units.all()[1:]]
     if _would_use_frontend(opts):
@@ -136,16 +134,15 @@ def start(
     argv: Sequence[str] = (),
     frontend_child: bool = False,
     hang_options: HangOptions | None = None,
+    metrics: MetricsOptions | None = None,
 ) -> int:
-    """`gpulaunch start`: run the job to its end; returns its status.
-
-    The phases, each owning what it makes: enter (where the watcher runs), plan (the job,
-    once), contain (supervisor and observers), run (the watcher), report (complete before
+    """`gpulaunch start`: run the job to its end; returns its status. The phases, each
+    owning what it makes: enter (where the watcher runs), plan (the job, once), contain
+    (supervisor and observers, `metrics`' too), run (the watcher), report (complete before
     any observer hears `finished`, printed last).
     `argv`: the command line as typed, for the front end (gpulaunch/frontend/), which runs
     it again as a service of the user manager where that manager cannot adopt us
-    (`frontend_child` there).
-    """
+    (`frontend_child` there)."""
     entry = _enter(opts, view, frontend_child)
     if entry.frontend is not None:
         from gpulaunch.frontend.run import run_frontend
@@ -173,6 +170,7 @@ def start(
             stack.callback(gate.close)
         job = _join(job, output, wakeup, stack)
         contained = _contain(opts, job, entry, keeper, output, journal, detached, stack, gate)
+        contained.observers += metrics_observers(metrics, output.message)  # --metrics-*
         try:
             report = _run(job, contained, output, wakeup)
         finally:

@@ -1,0 +1,1 @@
+"""The job's state for Prometheus (`start --metrics-listen`, `--metrics-textfile`)."""

@@ -1,0 +1,91 @@
+"""`start --metrics-listen/--metrics-textfile/--metrics-interval` (gpulaunch/metrics/).
+
+Light on purpose: cli.py imports it for every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_INTERVAL = 15.0  # seconds between two writes of the textfile (node_exporter's pace)
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where the endpoint listens: `host` "" is every address."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """None: not asked for; nothing of gpulaunch/metrics/ runs then."""
+
+    listen: Listen | None = None
+    textfile: Path | None = None
+    interval: float = DEFAULT_INTERVAL
+
+    @property
+    def wanted(self) -> bool:
+        return self.listen is not None or self.textfile is not None
+
+
+def parse_listen(text: str) -> Listen:
+    """`PORT` or `:PORT` (every address), `ADDR:PORT`, `[IPv6]:PORT`; port 0: any free one."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise argparse.ArgumentTypeError(f"write an IPv6 address in brackets: [{host}]:{port}")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"not a port: {port!r} (want PORT, ADDR:PORT or [IPv6]:PORT, port 0-65535)"
+        )
+    return Listen(host, int(port))
+
+
+def _interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 1 <= seconds < 1e6:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second and finite, not {text!r}")
+    return seconds
+
+
+def add_metrics_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-listen",
+        type=parse_listen,
+        metavar="[ADDR:]PORT",
+        help="serve the job's metrics for Prometheus (OpenMetrics) on this address while it "
+        "runs: PORT alone listens on every address, 127.0.0.1:PORT on this machine only",
+    )
+    p.add_argument(
+        "--metrics-textfile",
+        type=Path,
+        metavar="DIR",
+        help="write the job's metrics to DIR/gpulaunch-JOB.prom for node_exporter's textfile "
+        "collector while it runs (removed at its end)",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=_interval,
+        default=DEFAULT_INTERVAL,
+        metavar="SECONDS",
+        help=f"how often --metrics-textfile is written (default {DEFAULT_INTERVAL:g})",
+    )
+
+
+def metrics_options(args: argparse.Namespace) -> MetricsOptions:
+    return MetricsOptions(args.metrics_listen, args.metrics_textfile, args.metrics_interval)

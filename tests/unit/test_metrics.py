@@ -1,0 +1,356 @@
+"""Metrics for Prometheus (issue 26 item 4): the series, both text formats read back by
+prometheus_client's parsers, the endpoint over real sockets, the textfile's writes, the
+cgroup reads on a fake tree. The running job: tests/integration/test_metrics.py."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+from prometheus_client.parser import text_string_to_metric_families as text_parse
+
+from gpulaunch.base.names import UnitNames
+from gpulaunch.errors import UnavailableError, UsageError
+from gpulaunch.metrics.exposition import openmetrics, prometheus_text
+from gpulaunch.metrics.observer import MetricsObserver, metrics_observers
+from gpulaunch.metrics.options import Listen, MetricsOptions, parse_listen
+from gpulaunch.metrics.series import families
+from gpulaunch.metrics.server import MetricsServer, bind, bound_address
+from gpulaunch.metrics.textfile import TextFile
+from gpulaunch.metrics.usage import RankUse, UsageReader
+from gpulaunch.model import (
+    JobProgress,
+    JobSpec,
+    Manager,
+    Phase,
+    RankExit,
+    RankProgress,
+    RankSpec,
+    RankState,
+    StepInfo,
+)
+
+JOB = 'train "big"\\x'  # quotes and a backslash: escaped in label values
+
+
+def spec(nproc: int = 3) -> JobSpec:
+    names = UnitNames.for_job(JOB)
+    ranks = tuple(
+        RankSpec(rank=10 + i, local_rank=i, unit=f"u{i}.scope", argv=("x",), env={})
+        for i in range(nproc)
+    )
+    return JobSpec(
+        job=JOB,
+        names=names,
+        manager=Manager.USER,
+        argv=("x",),
+        cwd="/",
+        nproc=nproc,
+        world_size=16,
+        master_addr="127.0.0.1",
+        master_port=1,
+        grace_sec=1,
+        ranks=ranks,
+    )
+
+
+def progress() -> JobProgress:
+    """Rank 10 steps (a straggler, total known), rank 11 runs without steps, rank 12 ended."""
+    s = spec()
+    steps = StepInfo(
+        step=40, total=100, at=95.0, steps_per_second=2.0, step_seconds=0.5, straggler=True
+    )
+    ended = RankExit(code=3, signal=None, stopped_by_watcher=False, observed_at=1, runtime=1)
+    ranks = (
+        RankProgress(10, 0, "u0.scope", RankState.RUNNING, 101, False, None, steps=steps),
+        RankProgress(11, 1, "u1.scope", RankState.RUNNING, 102, False, None),
+        RankProgress(12, 2, "u2.scope", RankState.EXITED, 103, False, ended),
+    )
+    return JobProgress(s, Phase.RUNNING, ranks, attempt=2, watcher_pid=100)
+
+
+USES = {
+    10: RankUse(cpu_seconds=12.5, memory=None, rss=3 << 20, processes=2, gpu_memory=1 << 30),
+    11: RankUse(cpu_seconds=1.0, memory=5 << 20, rss=4 << 20, processes=2, gpu_util=35),
+}
+
+
+def samples(
+    text: str, open_metrics: bool = True
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    parse = om_parse if open_metrics else text_parse
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in parse(text)
+        for s in family.samples
+    }
+
+
+def labels(rank: int | None = None, **more: str) -> frozenset[tuple[str, str]]:
+    base = {"job": JOB, "node": "n1", **more}
+    if rank is not None:
+        base["rank"] = str(rank)
+    return frozenset(base.items())
+
+
+@pytest.mark.parametrize("open_metrics", [True, False], ids=["openmetrics", "text-0.0.4"])
+def test_the_series_parse_with_their_labels_and_values(open_metrics: bool) -> None:
+    found = families(progress(), USES, "n1", now=100.0)
+    text = openmetrics(found) if open_metrics else prometheus_text(found)
+    got = samples(text, open_metrics)
+    assert got[("gpulaunch_job_restarts_total", labels())] == 2
+    assert got[("gpulaunch_job_ranks", labels())] == 3
+    assert got[("gpulaunch_job_phase", labels(gpulaunch_job_phase="running"))] == 1
+    assert got[("gpulaunch_job_phase", labels(gpulaunch_job_phase="stopping"))] == 0
+    info = "gpulaunch_job_info"
+    assert got[(info, labels(manager="user", world_size="16"))] == 1
+    state = "gpulaunch_rank_state"
+    assert got[(state, labels(10, gpulaunch_rank_state="running"))] == 1
+    assert got[(state, labels(10, gpulaunch_rank_state="exited"))] == 0
+    assert got[(state, labels(12, gpulaunch_rank_state="exited"))] == 1
+    assert got[("gpulaunch_rank_exit_status", labels(12))] == 3
+    assert got[("gpulaunch_rank_cpu_seconds_total", labels(10))] == 12.5
+    assert got[("gpulaunch_rank_resident_memory_bytes", labels(11))] == 4 << 20
+    assert got[("gpulaunch_rank_memory_bytes", labels(11))] == 5 << 20
+    assert got[("gpulaunch_rank_gpu_memory_bytes", labels(10))] == 1 << 30
+    assert got[("gpulaunch_rank_gpu_utilization_ratio", labels(11))] == 0.35
+    # steps: only rank 10 reports them
+    assert got[("gpulaunch_rank_step", labels(10))] == 40
+    assert got[("gpulaunch_rank_steps_expected", labels(10))] == 100
+    assert got[("gpulaunch_rank_steps_per_second", labels(10))] == 2
+    assert got[("gpulaunch_rank_step_duration_seconds", labels(10))] == 0.5
+    assert got[("gpulaunch_rank_last_step_age_seconds", labels(10))] == 5
+    assert got[("gpulaunch_rank_eta_seconds", labels(10))] == 30
+    assert got[("gpulaunch_rank_straggler", labels(10))] == 1
+    # what nobody can tell has no series, never a 0
+    assert ("gpulaunch_rank_memory_bytes", labels(10)) not in got
+    assert not any(name == "gpulaunch_rank_step" and ("rank", "11") in ls for name, ls in got)
+    assert not any(("rank", "12") in ls and name.endswith("cpu_seconds_total") for name, ls in got)
+
+
+def test_a_job_without_steps_has_no_step_families() -> None:
+    job = progress()
+    plain = JobProgress(job.spec, job.phase, tuple(r for r in job.ranks if r.steps is None), 0, 100)
+    text = openmetrics(families(plain, {}, "n1", 0.0))
+    assert "gpulaunch_rank_step" not in text and "straggler" not in text
+    assert text.endswith("# EOF\n")
+    om_parse(text)  # valid on its own
+
+
+@pytest.mark.parametrize(
+    ("text", "listen"),
+    [
+        ("9400", Listen("", 9400)),
+        (":9400", Listen("", 9400)),
+        ("127.0.0.1:0", Listen("127.0.0.1", 0)),
+        ("[::1]:80", Listen("::1", 80)),
+        ("node7:65535", Listen("node7", 65535)),
+    ],
+)
+def test_listen_addresses(text: str, listen: Listen) -> None:
+    assert parse_listen(text) == listen
+
+
+@pytest.mark.parametrize("text", ["", "x", "1.2.3.4:", ":65536", "::1:80", "a:-1"])
+def test_bad_listen_addresses_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_listen(text)
+
+
+def test_nothing_is_made_when_no_metrics_option_is_given() -> None:
+    assert metrics_observers(None, print) == ()
+    assert metrics_observers(MetricsOptions(), print) == ()
+
+
+# -- the endpoint ---------------------------------------------------------------
+
+
+async def _request(port: int, *requests: bytes) -> list[bytes]:
+    """Send requests on one connection; each answer's head and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answers = []
+    try:
+        for request in requests:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            body = b"" if request.startswith(b"HEAD") else await reader.readexactly(length)
+            answers.append(head + body)
+    finally:
+        writer.close()
+    return answers
+
+
+def test_the_endpoint_serves_openmetrics_or_text_on_one_kept_connection() -> None:
+    found = families(progress(), USES, "n1", 100.0)
+
+    def render(om: bool) -> tuple[bytes, str]:
+        return (openmetrics(found) if om else prometheus_text(found)).encode(), "t/" + str(om)
+
+    async def main() -> list[bytes]:
+        server = MetricsServer(bind(Listen("127.0.0.1", 0)), render)
+        await server.start()
+        port = server.sock.getsockname()[1]
+        try:
+            return await _request(
+                port,
+                b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=1.0.0"
+                b"\r\n\r\n",
+                b"GET /metrics HTTP/1.1\r\n\r\n",
+                b"HEAD / HTTP/1.1\r\n\r\n",
+                b"GET /other HTTP/1.1\r\n\r\n",
+                b"POST /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
+            )
+        finally:
+            server.close()
+
+    om, text, head, missing, post = asyncio.run(main())
+    assert om.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Type: t/True" in om
+    om_parse(om.split(b"\r\n\r\n", 1)[1].decode())
+    assert b"Content-Type: t/False" in text
+    assert samples(text.split(b"\r\n\r\n", 1)[1].decode(), open_metrics=False)
+    assert head.startswith(b"HTTP/1.1 200 OK") and head.endswith(b"\r\n\r\n")
+    assert missing.startswith(b"HTTP/1.1 404")
+    assert post.startswith(b"HTTP/1.1 405") and b"Connection: close" in post
+
+
+def test_a_port_in_use_is_one_line() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(UnavailableError) as err:
+            bind(Listen("127.0.0.1", port))
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in err.value.args[0]
+
+
+def test_port_0_says_the_port_it_got() -> None:
+    sock = bind(Listen("127.0.0.1", 0))
+    with sock:
+        assert bound_address(sock) == f"127.0.0.1:{sock.getsockname()[1]}"
+        assert sock.getsockname()[1] > 0
+
+
+def test_the_observer_serves_the_newest_progress_and_closes() -> None:
+    said: list[str] = []
+    observer = MetricsObserver(
+        MetricsOptions(listen=Listen("127.0.0.1", 0)), said.append, node="n1", gpus="none"
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        first = progress()
+        observer.attach(first, lambda: None, loop)
+        assert observer.server is not None
+        port = observer.server.sock.getsockname()[1]
+        assert said == [f"gpulaunch: job {JOB}: metrics at http://127.0.0.1:{port}/metrics"]
+        observer.changed(
+            JobProgress(first.spec, Phase.STOPPING, first.ranks, 3, first.watcher_pid), None
+        )
+        (answer,) = loop.run_until_complete(_request(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+        got = samples(answer.split(b"\r\n\r\n", 1)[1].decode(), open_metrics=False)
+        assert got[("gpulaunch_job_restarts_total", labels())] == 3
+        assert got[("gpulaunch_job_phase", labels(gpulaunch_job_phase="stopping"))] == 1
+        observer.close()
+        with pytest.raises(OSError):
+            loop.run_until_complete(_request(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+    finally:
+        loop.close()
+
+
+# -- the textfile ---------------------------------------------------------------
+
+
+def test_the_textfile_is_replaced_whole_and_removed_at_the_end(tmp_path: Path) -> None:
+    said: list[str] = []
+    observer = MetricsObserver(
+        MetricsOptions(textfile=tmp_path, interval=3600), said.append, node="n1", gpus="none"
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        observer.attach(progress(), lambda: None, loop)
+        (written,) = list(tmp_path.iterdir())
+        assert written.name == f"gpulaunch-{UnitNames.for_job(JOB).component}.prom"
+        assert said == [f"gpulaunch: job {JOB}: metrics at {written}"]
+        got = samples(written.read_text(), open_metrics=False)
+        assert got[("gpulaunch_rank_step", labels(10))] == 40
+        observer.close()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        loop.close()
+
+
+def test_the_textfile_never_writes_through_a_planted_symlink(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    f = TextFile(out, "job")
+    (out / "gpulaunch-job.prom").symlink_to(target)
+    (out / ".gpulaunch-job.prom.tmp").symlink_to(target)
+    assert f.write("a 1\n") is None
+    assert target.read_text() == "keep"
+    assert (out / "gpulaunch-job.prom").read_text() == "a 1\n"
+    assert not (out / "gpulaunch-job.prom").is_symlink()
+    f.remove()
+
+
+def test_a_textfile_directory_that_is_not_one_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as err:
+        TextFile(tmp_path / "missing", "job")
+    assert "--metrics-textfile" in err.value.args[0] and "No such file" in err.value.args[0]
+
+
+def test_a_failed_write_is_said_once(tmp_path: Path) -> None:
+    f = TextFile(tmp_path, "job")
+    (tmp_path / "gpulaunch-job.prom").mkdir()  # rename(2) over a directory fails
+    first = f.write("a 1\n")
+    assert first is not None and "could not write" in first
+    assert f.write("a 1\n") is None  # the same failure: not said again
+    (tmp_path / "gpulaunch-job.prom").rmdir()
+    assert f.write("a 1\n") is None and f.problem is None
+    f.remove()
+
+
+# -- what ranks use ---------------------------------------------------------------
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A fake /proc and cgroup tree: rank pid 11 (and its pump 12) in their own unit,
+    the watcher (pid 1) and a direct-supervised rank (pid 21) in a shared cgroup."""
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    unit = root / "job.slice" / "rank0.scope"
+    shared = root / "session.scope"
+    for group, pids in ((unit, [11, 12]), (shared, [1, 21])):
+        group.mkdir(parents=True)
+        (group / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+        (group / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 1\n")
+        for p in pids:
+            (proc / str(p)).mkdir(parents=True)
+            (proc / str(p) / "cgroup").write_text(f"0::/{group.relative_to(root)}\n")
+            (proc / str(p) / "statm").write_text(f"100 {p} 3 1 0 5 0\n")
+    (unit / "memory.current").write_text("7340032\n")
+    yield proc, root
+
+
+def test_usage_comes_from_the_rank_s_cgroup(tree: tuple[Path, Path]) -> None:
+    proc, root = tree
+    reader = UsageReader(proc=proc, root=root)
+    ranks = (
+        RankProgress(0, 0, "rank0.scope", RankState.RUNNING, 11, False, None),
+        RankProgress(1, 1, "", RankState.RUNNING, 21, False, None),
+        RankProgress(2, 2, "", RankState.PENDING, None, False, None),
+    )
+    uses = reader.read(ranks, watcher_pid=1)
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert uses[0] == RankUse(cpu_seconds=2.5, memory=7340032, rss=(11 + 12) * page, processes=2)
+    assert uses[1] == RankUse()  # the watcher's cgroup: not this rank's alone
+    assert 2 not in uses
