@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Callable
 
@@ -40,7 +41,7 @@ def bind(listen: Listen) -> socket.socket:
         family, _, _, _, address = infos[0]
         return _server(family, address, dualstack=False)
     except OSError as exc:
-        why = exc.strerror or str(exc)
+        why = os.strerror(exc.errno) if exc.errno else str(exc)  # create_server adds more
         raise UnavailableError(
             f"cannot serve metrics on {listen}: {why}",
             "choose another --metrics-listen port (0: any free one, said at the start)",

@@ -1,0 +1,192 @@
+"""Metrics for Prometheus (issue 26 item 4) from a running job in a real systemd: the
+endpoint and the textfile, read back with prometheus_client's parsers, against what
+`gpulaunch status --resources` says of the same ranks; bad options leave nothing behind.
+
+The endpoint is scraped from inside the box (its loopback), the body parsed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+from prometheus_client.parser import text_string_to_metric_families as text_parse
+
+from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, new_job, wait_until
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "usage_rank.py")
+MiB = 1 << 20
+SCRAPE = """
+import sys, urllib.request
+req = urllib.request.Request(sys.argv[1], headers={"Accept": sys.argv[2]})
+with urllib.request.urlopen(req, timeout=30) as r:
+    sys.stdout.write(r.headers["Content-Type"] + "\\n" + r.read().decode())
+"""
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(job: Job, url: str, accept: str = OPENMETRICS) -> tuple[str, str]:
+    res = job.box.run(
+        [sys.executable, "-c", SCRAPE, url, accept], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    kind, _, body = res.stdout.partition("\n")
+    return kind, body
+
+
+def samples(text: str, open_metrics: bool = True) -> Samples:
+    parse = om_parse if open_metrics else text_parse
+    return {(s.name, frozenset(s.labels.items())): s.value for f in parse(text) for s in f.samples}
+
+
+def value(got: Samples, name: str, **labels: str) -> float | None:
+    """The one sample of `name` whose labels include `labels`."""
+    found = [v for (n, ls), v in got.items() if n == name and set(labels.items()) <= ls]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else None
+
+
+def metrics_line(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    """The start's `metrics at ...` line, read from its stderr's fd as it comes (raw: a
+    text wrapper's buffer would hide lines from select)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    deadline = time.monotonic() + timeout
+    seen = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            break
+        seen += chunk
+        for line in seen.decode(errors="replace").split("\n")[:-1]:  # whole lines only
+            if ": metrics at " in line:
+                return line.strip()
+    raise AssertionError(f"no metrics line: {seen!r}")
+
+
+def gl(job: Job, *argv: str) -> subprocess.CompletedProcess[str]:
+    return job.box.run(
+        [GPULAUNCH, *argv], cwd=str(REPO), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_metrics_of_a_running_job_parse_and_match_status_resources(job: Job) -> None:
+    textdir = job.dir / "textfile"
+    textdir.mkdir()
+    proc = job.popen(
+        "--nproc",
+        "2",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--metrics-textfile",
+        str(textdir),
+        "--metrics-interval",
+        "1",
+        script=SCRIPT,
+        script_args=["--hold-rank", "1", "--hold-mb", "100"],
+    )
+    try:
+        line = metrics_line(proc)
+        found = re.search(r"metrics at (http://\S+/metrics) and (\S+\.prom)$", line)
+        assert found is not None, line
+        url, textfile = found.groups()
+        for rank in (0, 1):
+            job.wait_file(f"rank{rank}.ready")
+        kind, before_text = scrape(job, url)
+        assert kind.startswith("application/openmetrics-text; version=1.0.0"), kind
+        status = gl(job, "status", job.id, "--resources", "--json")
+        _, after_text = scrape(job, url)
+        assert status.returncode == 0, status.stderr
+        before, after = samples(before_text), samples(after_text)
+        resources: dict[str, Any] = json.loads(status.stdout)["resources"]
+        pids = job.pids()
+        for r in resources["ranks"]:
+            rank = str(r["rank"])
+            labels = {"job": job.id, "rank": rank}
+            state = value(after, "gpulaunch_rank_state", gpulaunch_rank_state="running", **labels)
+            assert state == 1, after_text
+            # CPU time: the unit's cgroup, read by status between the two scrapes
+            cpu = "gpulaunch_rank_cpu_seconds_total"
+            low, high = value(before, cpu, **labels), value(after, cpu, **labels)
+            assert low is not None and high is not None, after_text
+            assert low - 0.01 <= r["cpu_sec"] <= high + 0.01, (low, r, high)
+            # memory: resident memory of the unit's processes (and memory.current where
+            # this machine has the controller: the box has not)
+            rss = value(after, "gpulaunch_rank_resident_memory_bytes", **labels)
+            assert rss is not None and abs(rss - r["rss"]) <= 8 * MiB, (rss, r)
+            current = value(after, "gpulaunch_rank_memory_bytes", **labels)
+            assert (current is None) == (r["cgroup_memory"] is None), (current, r)
+            if current is not None:
+                assert abs(current - r["cgroup_memory"]) <= 8 * MiB, (current, r)
+            assert value(after, "gpulaunch_rank_processes", **labels) == r["processes"]
+            assert ("gpulaunch_rank_step", frozenset()) not in after  # usage_rank.py: no steps
+        held = value(after, "gpulaunch_rank_resident_memory_bytes", rank="1")
+        idle = value(after, "gpulaunch_rank_resident_memory_bytes", rank="0")
+        assert held is not None and idle is not None and held - idle >= 90 * MiB
+        assert value(after, "gpulaunch_job_ranks", job=job.id) == 2
+        assert value(after, "gpulaunch_job_restarts_total", job=job.id) == 0
+        assert value(after, "gpulaunch_job_phase", gpulaunch_job_phase="running") == 1
+        assert sorted(pids) == ["rank0", "rank1"]
+        # the text format (curl, older scrapers) carries the same series
+        kind, text = scrape(job, url, accept="text/plain")
+        assert kind.startswith("text/plain; version=0.0.4"), kind
+        assert {n for n, _ in samples(text, open_metrics=False)} == {n for n, _ in after}
+        # the textfile: node_exporter's format, rewritten every second
+        written = samples(open(textfile).read(), open_metrics=False)
+        assert value(written, "gpulaunch_rank_state", rank="1", gpulaunch_rank_state="running")
+        assert {n for n, _ in written} == {n for n, _ in after}
+    finally:
+        gl(job, "stop", job.id)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 143, proc.returncode
+    # the job is gone: so are its file and its port
+    assert list(textdir.iterdir()) == []
+    res = job.box.run([sys.executable, "-c", SCRAPE, url, OPENMETRICS], capture_output=True)
+    assert res.returncode != 0
+    assert_clean(job)
+
+
+def test_a_metrics_port_in_use_is_one_line_and_leaves_nothing(job: Job) -> None:
+    proc = job.popen("--nproc", "1", "--metrics-listen", "127.0.0.1:0", script=SCRIPT)
+    try:
+        url = metrics_line(proc).split("metrics at ")[1]
+        port = url.split(":")[2].split("/")[0]
+        other = new_job(job.box, "metrics-port-taken")
+        try:
+            res = other.run("--nproc", "1", "--metrics-listen", f"127.0.0.1:{port}", script=SCRIPT)
+            assert res.returncode == 69, res.stderr
+            lines = [line for line in res.stderr.splitlines() if "error" in line]
+            assert len(lines) == 1, res.stderr
+            assert lines[0].startswith(
+                f"gpulaunch: error: cannot serve metrics on 127.0.0.1:{port}: "
+                "Address already in use; choose another --metrics-listen port"
+            ), res.stderr
+            assert "Traceback" not in res.stderr
+            assert_clean(other)
+        finally:
+            other.stop()
+    finally:
+        gl(job, "stop", job.id)
+        proc.communicate(timeout=120)
+
+
+def test_a_missing_textfile_directory_is_one_line(job: Job) -> None:
+    res = job.run("--nproc", "1", "--metrics-textfile", str(job.dir / "missing"), script=SCRIPT)
+    assert res.returncode == 2, res.stderr
+    assert "--metrics-textfile" in res.stderr and "No such file or directory" in res.stderr
+    assert "Traceback" not in res.stderr
+    wait_until(lambda: not job.units(), 10, "no units")
+    assert_clean(job)
