@@ -19,6 +19,7 @@ from bench.scenarios import (
     failure,
     footprint,
     launch,
+    metrics,
     nodes,
     output,
     scale,
@@ -52,4 +53,5 @@ SCENARIOS = (
     Scenario("6", "scale", scale.run, _doc(scale), NO_FRONTEND),
     Scenario("7", "cross-node stop", cross_node.run, _doc(cross_node), TWO),
     Scenario("8", "many nodes", nodes.run, _doc(nodes), (Launcher.DIRECT, Launcher.TORCHRUN)),
+    Scenario("9", "metrics scrape", metrics.run, _doc(metrics), metrics.LAUNCHERS),
 )
