@@ -381,7 +381,7 @@ class JobReport:
     restarts: int = 0  # how many times the gang was restarted (--max-restarts)
     layout: Layout | None = None  # multi-node: this node and the others
     node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
-    hang: str | None = None  # hung: which ranks were in which collective (debug/hang.py)
+    hang: str | None = None  # hung, --dump-stacks: which ranks were in which collective
     stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (leases/accounting.py)
 

@@ -146,6 +146,8 @@ def format_report(report: JobReport) -> str:
         if r.error:
             lines.append(f"rank {r.rank}'s error, from {r.error_source}:")
             lines += ["  " + line for line in r.error.splitlines()]
+    if report.hang and report.cause is not Cause.HUNG:  # --dump-stacks: the headline has not
+        lines.append(f"where the other ranks were: {report.hang}")
     if report.stacks:
         lines.append("the ranks' stacks, innermost frame first:")
         lines += ["  " + line for line in report.stacks.splitlines()]

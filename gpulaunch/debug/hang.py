@@ -9,7 +9,10 @@ check is due at the latest half a timeout after the previous one, so a hang is
 found between `timeout` and 1.5 x `timeout` after the last sign of life.
 
 Which collective each rank waits in comes from its stacks (debug/stacks.py):
-the innermost frame of torch.distributed's collectives in its main thread.
+the innermost frame of torch.distributed's collectives in its main thread, and the
+line of the rank's own code that called it. The same for every backend: gloo and the
+CPU have no trace buffer, and NCCL's (torch's flight recorder) is written by the rank
+itself, at its own timeout, long after ours (docs/debugging.md).
 """
 
 from __future__ import annotations
@@ -117,18 +120,24 @@ def where(stacks: RankStacks) -> str:
 
 
 def hang_summary(stacks: Sequence[RankStacks]) -> str:
-    """`ranks 0, 2, 3 in all_reduce; rank 1 not in a collective: main (train.py:12)`."""
-    waiting: dict[str, list[int]] = {}
+    """`ranks 0, 2, 3 in all_reduce called from main (train.py:30); rank 1 not in a collective:
+    elsewhere (train.py:12)`.
+
+    Ranks are grouped by collective and by the call of their own code that entered it
+    (`where`): ranks in the same collective entered from different lines wait in different
+    calls, each group for a call the other never makes (a mismatch, not a slow rank).
+    """
+    waiting: dict[tuple[str, str], list[int]] = {}
     others: list[RankStacks] = []
     for s in stacks:
         collective = collective_of(s)
         if collective is None:
             others.append(s)
         else:
-            waiting.setdefault(collective, []).append(s.rank)
+            waiting.setdefault((collective, where(s)), []).append(s.rank)
     parts = [
-        f"{_ranks(ranks)} in {name}"
-        for name, ranks in sorted(waiting.items(), key=lambda kv: kv[1])
+        f"{_ranks(ranks)} in {name} called from {site}"
+        for (name, site), ranks in sorted(waiting.items(), key=lambda kv: kv[1])
     ]
     for s in others:
         if s.error is not None:

@@ -55,6 +55,6 @@ def job_report(
         restarts=restarts,
         layout=spec.layout,
         node_failure=node_failure,
-        hang=hang if outcome.cause is Cause.HUNG else None,
+        hang=hang,  # hung, or --dump-stacks at a failure: where the ranks were
         stacks=stacks,
     )

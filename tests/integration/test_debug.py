@@ -98,7 +98,9 @@ def test_a_hang_is_found_and_the_stacks_say_who_waits_for_whom(job: Job) -> None
     assert res.returncode == 124, res.stderr
     head = [line for line in res.stderr.splitlines() if " hung: " in line]
     assert len(head) == 1 and head[0].startswith(f"gpulaunch: job {job.id} hung"), res.stderr
-    assert "ranks 0, 2, 3 in all_reduce" in head[0], res.stderr
+    lines = Path(SKIP_ALLREDUCE).read_text().splitlines()
+    called = max(i for i, line in enumerate(lines, 1) if "dist.all_reduce(t)" in line)
+    assert f"ranks 0, 2, 3 in all_reduce called from main (skip_allreduce.py:{called})" in head[0]
     assert "rank 1 not in a collective: elsewhere (skip_allreduce.py:" in head[0], res.stderr
     assert "the ranks' stacks" in res.stderr, res.stderr
     assert "    all_reduce (torch/distributed/distributed_c10d.py:" in res.stderr, res.stderr
@@ -124,6 +126,11 @@ def test_dump_stacks_shows_the_survivors_when_a_rank_fails(job: Job) -> None:
     assert "the ranks' stacks" in res.stderr, res.stderr
     for rank in (0, 1):
         assert f"rank {rank} (" in res.stderr.split("the ranks' stacks")[1]
+    # where the survivors were, named as for a hang (issue 26 item 2)
+    where = [line for line in res.stderr.splitlines() if line.startswith("where the other ranks")]
+    assert len(where) == 1, res.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} not in a collective: elsewhere (skip_allreduce.py:" in where[0]
     text = (job.dir / "logs" / f"{job.names.component}.stacks.txt").read_text()
     assert text.startswith("rank 2 exit 3"), text
     assert text.count("elsewhere (skip_allreduce.py:") == 2, text  # ranks 0 and 1

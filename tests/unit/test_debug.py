@@ -164,10 +164,25 @@ def test_the_summary_names_who_waits_in_which_collective_and_who_does_not() -> N
     assert collective_of(waiting[0]) == "all_reduce" and collective_of(away) is None
     summary = hang_summary([waiting[0], away, *waiting[1:]])
     assert summary == (
-        "ranks 0, 2, 3 in all_reduce; rank 1 not in a collective: elsewhere (train.py:7)"
+        "ranks 0, 2, 3 in all_reduce called from main (train.py:7); "
+        "rank 1 not in a collective: elsewhere (train.py:7)"
     )
     gone = RankStacks(4, "r4.scope", 9, error="gone")
     assert hang_summary([gone]) == "rank 4: no stacks (gone)"
+
+
+def test_ranks_in_the_same_collective_from_different_calls_are_told_apart() -> None:
+    """A mismatch: rank 1 waits in a barrier the others passed, they in the next one."""
+
+    def at(rank: int, caller: str) -> RankStacks:
+        frames = (("barrier", C10D), ("wrapper", LOGGER), (caller, "/x/train.py"))
+        return stacks_in(rank, *frames)
+
+    summary = hang_summary([at(0, "step"), at(1, "warmup"), at(2, "step")])
+    assert summary == (
+        "ranks 0, 2 in barrier called from step (train.py:7); "
+        "rank 1 in barrier called from warmup (train.py:7)"
+    )
 
 
 def test_a_hang_is_the_cause_unless_a_failure_or_interrupt_came_first() -> None:
