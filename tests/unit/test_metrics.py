@@ -232,6 +232,12 @@ def test_a_port_in_use_is_one_line() -> None:
     assert f"cannot serve metrics on 127.0.0.1:{port}" in err.value.args[0]
 
 
+def test_every_address_includes_loopback() -> None:
+    sock = bind(Listen("", 0))
+    with sock, socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=5):
+        assert bound_address(sock).endswith(f":{sock.getsockname()[1]}")
+
+
 def test_port_0_says_the_port_it_got() -> None:
     sock = bind(Listen("127.0.0.1", 0))
     with sock:
