@@ -85,6 +85,8 @@ class MetricsObserver:
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:
         self.job = job
+        if self.server is not None:
+            await self.server.aclose()
         self.close()
 
     def close(self) -> None:

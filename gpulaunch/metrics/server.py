@@ -74,6 +74,7 @@ class MetricsServer:
         self.scrapes = 0
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # a connection each
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, sock=self.sock, limit=MAX_HEAD)
@@ -83,6 +84,9 @@ class MetricsServer:
             writer.close()
             return
         self._clients.add(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
         try:
             while await self._one(reader, writer):
                 pass
@@ -90,6 +94,8 @@ class MetricsServer:
             pass  # the client went, said too much or nothing: it is dropped
         finally:
             self._clients.discard(writer)
+            if task is not None:
+                self._tasks.discard(task)
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -135,9 +141,17 @@ class MetricsServer:
         await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT)
 
     def close(self) -> None:
+        """Stop listening and drop every connection (their tasks end at the loop's next turn)."""
         if self._server is not None:
             self._server.close()
         else:
             self.sock.close()
-        for writer in list(self._clients):
-            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """`close`, and wait for every connection's task to end: none is left pending when
+        the watcher closes its loop (asyncio would say so on stderr)."""
+        tasks = list(self._tasks)
+        self.close()
+        await asyncio.gather(*tasks, return_exceptions=True)

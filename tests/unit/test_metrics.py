@@ -25,7 +25,9 @@ from gpulaunch.metrics.server import MetricsServer, bind, bound_address
 from gpulaunch.metrics.textfile import TextFile
 from gpulaunch.metrics.usage import RankUse, UsageReader
 from gpulaunch.model import (
+    Cause,
     JobProgress,
+    JobReport,
     JobSpec,
     Manager,
     Phase,
@@ -267,6 +269,35 @@ def test_the_observer_serves_the_newest_progress_and_closes() -> None:
         observer.close()
         with pytest.raises(OSError):
             loop.run_until_complete(_request(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+    finally:
+        loop.close()
+
+
+def test_the_end_leaves_no_connection_pending() -> None:
+    """A scraper keeping its connection open when the job ends: its task ends with it, so
+    the watcher closes its loop with nothing pending (asyncio would say so on stderr)."""
+    observer = MetricsObserver(
+        MetricsOptions(listen=Listen("127.0.0.1", 0)), lambda _: None, node="n1", gpus="none"
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        job = progress()
+        observer.attach(job, lambda: None, loop)
+        assert observer.server is not None
+        port = observer.server.sock.getsockname()[1]
+
+        async def idle_client() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nAccept: application/openmetrics-text\r\n\r\n")
+            await reader.readuntil(b"# EOF\n")  # answered; the connection stays open
+            return reader, writer
+
+        reader, writer = loop.run_until_complete(idle_client())
+        report = JobReport(JOB, 0, Cause.SUCCEEDED, None, None)
+        loop.run_until_complete(asyncio.wait_for(observer.finished(job, report), 2))
+        assert [t for t in asyncio.all_tasks(loop) if not t.done()] == []
+        assert loop.run_until_complete(reader.read()) == b""  # dropped by us
+        writer.close()
     finally:
         loop.close()
 
