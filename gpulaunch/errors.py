@@ -12,7 +12,8 @@ Exit codes:
   68      a multi-node job could not join its other nodes (the rendezvous failed)
   69      something this machine must provide is missing (a systemd manager, journalctl, ...);
           `stacks`: not one rank's stacks could be read; `--gpus auto:N`: too few free
-          GPUs or no lease store; a GPU the health gate refuses (gpulaunch/leases/)
+          GPUs or no lease store; a GPU the health gate refuses (gpulaunch/leases/);
+          `--metrics-listen`: its address cannot be had (a port in use)
   70      internal error (a bug: rerun with --debug and report it)
   71      systemd, or a job's watcher on the bus, refused or failed an operation
   73      a job with this id is already running
