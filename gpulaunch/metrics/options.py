@@ -9,6 +9,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulaunch.errors import UsageError
+
 DEFAULT_INTERVAL = 15.0  # seconds between two writes of the textfile (node_exporter's pace)
 
 
@@ -81,11 +83,17 @@ def add_metrics_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-interval",
         type=_interval,
-        default=DEFAULT_INTERVAL,
         metavar="SECONDS",
         help=f"how often --metrics-textfile is written (default {DEFAULT_INTERVAL:g})",
     )
 
 
 def metrics_options(args: argparse.Namespace) -> MetricsOptions:
-    return MetricsOptions(args.metrics_listen, args.metrics_textfile, args.metrics_interval)
+    """The options as given; `--metrics-interval` alone is a mistake said at once."""
+    if args.metrics_interval is not None and args.metrics_textfile is None:
+        raise UsageError(
+            "--metrics-interval is how often --metrics-textfile is written",
+            "give --metrics-textfile DIR too (the endpoint is read when scraped)",
+        )
+    interval = args.metrics_interval or DEFAULT_INTERVAL
+    return MetricsOptions(args.metrics_listen, args.metrics_textfile, interval)

@@ -19,7 +19,13 @@ from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import UnavailableError, UsageError
 from gpulaunch.metrics.exposition import openmetrics, prometheus_text
 from gpulaunch.metrics.observer import MetricsObserver, metrics_observers
-from gpulaunch.metrics.options import Listen, MetricsOptions, parse_listen
+from gpulaunch.metrics.options import (
+    Listen,
+    MetricsOptions,
+    add_metrics_options,
+    metrics_options,
+    parse_listen,
+)
 from gpulaunch.metrics.series import families
 from gpulaunch.metrics.server import MetricsServer, bind, bound_address
 from gpulaunch.metrics.textfile import TextFile
@@ -163,6 +169,16 @@ def test_listen_addresses(text: str, listen: Listen) -> None:
 def test_bad_listen_addresses_are_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_listen(text)
+
+
+def test_the_options_as_parsed() -> None:
+    p = argparse.ArgumentParser()
+    add_metrics_options(p)
+    assert metrics_options(p.parse_args([])) == MetricsOptions()
+    got = metrics_options(p.parse_args(["--metrics-textfile", "/d", "--metrics-interval", "2"]))
+    assert got == MetricsOptions(textfile=Path("/d"), interval=2.0)
+    with pytest.raises(UsageError, match="--metrics-interval is how often --metrics-textfile"):
+        metrics_options(p.parse_args(["--metrics-listen", "1", "--metrics-interval", "2"]))
 
 
 def test_nothing_is_made_when_no_metrics_option_is_given() -> None:
