@@ -11,7 +11,7 @@ the watcher. The body is made when asked for: nothing runs between scrapes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import os
 import socket
 from collections.abc import Callable
@@ -29,23 +29,32 @@ Render = Callable[[bool], tuple[bytes, str]]  # openmetrics? -> (body, content t
 def bind(listen: Listen) -> socket.socket:
     """The listening socket, bound now: a port in use is one line before anything starts."""
     try:
-        infos = socket.getaddrinfo(
-            listen.host or None,
-            listen.port,
-            type=socket.SOCK_STREAM,
-            flags=socket.AI_PASSIVE,
-        )
-        if not listen.host and socket.has_dualstack_ipv6():
-            with contextlib.suppress(OSError):  # no IPv6 here: IPv4's every address below
-                return _server(socket.AF_INET6, ("::", listen.port), dualstack=True)
-        family, _, _, _, address = infos[0]
+        if not listen.host:
+            return _every_address(listen.port)
+        family, _, _, _, address = socket.getaddrinfo(
+            listen.host, listen.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         return _server(family, address, dualstack=False)
+    except socket.gaierror as exc:  # a name that does not resolve
+        why = exc.strerror
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)  # create_server adds more
-        raise UnavailableError(
-            f"cannot serve metrics on {listen}: {why}",
-            "choose another --metrics-listen port (0: any free one, said at the start)",
-        ) from None
+    raise UnavailableError(
+        f"cannot serve metrics on {listen}: {why}",
+        "name an address of this machine and a free port in --metrics-listen "
+        "(port 0: any free one, said at the start)",
+    )
+
+
+def _every_address(port: int) -> socket.socket:
+    """IPv6 and IPv4 on one socket where the machine has IPv6, else IPv4's every address."""
+    if socket.has_dualstack_ipv6():
+        try:
+            return _server(socket.AF_INET6, ("::", port), dualstack=True)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise  # a port in use is in use for IPv4 too
+    return _server(socket.AF_INET, ("0.0.0.0", port), dualstack=False)
 
 
 def _server(family: int, address: tuple[object, ...], dualstack: bool) -> socket.socket:

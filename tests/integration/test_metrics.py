@@ -172,7 +172,7 @@ def test_a_metrics_port_in_use_is_one_line_and_leaves_nothing(job: Job) -> None:
             assert len(lines) == 1, res.stderr
             assert lines[0].startswith(
                 f"gpulaunch: error: cannot serve metrics on 127.0.0.1:{port}: "
-                "Address already in use; choose another --metrics-listen port"
+                "Address already in use; name an address of this machine and a free port"
             ), res.stderr
             assert "Traceback" not in res.stderr
             assert_clean(other)

@@ -256,6 +256,17 @@ def test_every_address_includes_loopback() -> None:
         assert bound_address(sock).endswith(f":{sock.getsockname()[1]}")
 
 
+def test_an_address_not_of_this_machine_is_one_line() -> None:
+    with pytest.raises(UnavailableError) as err:
+        bind(Listen("192.0.2.1", 0))  # TEST-NET-1: never this machine's
+    assert err.value.args[0] == (
+        "cannot serve metrics on 192.0.2.1:0: Cannot assign requested address"
+    )
+    with pytest.raises(UnavailableError) as err:
+        bind(Listen("no-such-host.invalid", 0))
+    assert err.value.args[0].startswith("cannot serve metrics on no-such-host.invalid:0: ")
+
+
 def test_port_0_says_the_port_it_got() -> None:
     sock = bind(Listen("127.0.0.1", 0))
     with sock:
