@@ -21,6 +21,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, new_job, wait_until
+from tests.integration.test_dbus import finish
+from tests.integration.test_frontend import assert_user_clean, make_user
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +60,7 @@ def value(got: Samples, name: str, **labels: str) -> float | None:
     return found[0] if found else None
 
 
-def metrics_line(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+def metrics_line(proc: subprocess.Popen[Any], timeout: float = 120) -> str:
     """The start's `metrics at ...` line, read from its stderr's fd as it comes (raw: a
     text wrapper's buffer would hide lines from select)."""
     assert proc.stderr is not None
@@ -190,3 +192,37 @@ def test_a_missing_textfile_directory_is_one_line(job: Job) -> None:
     assert "Traceback" not in res.stderr
     wait_until(lambda: not job.units(), 10, "no units")
     assert_clean(job)
+
+
+def test_an_ordinary_user_s_job_serves_and_writes_its_metrics(box: Any, job: Job) -> None:
+    """From a login shell: the watcher runs as the front end's service of the user's
+    manager (it binds the port, writes the file as the user), the front end shows the line."""
+    login = make_user(box, "glmetrics", manager=True)
+    os.chmod(job.dir, 0o777)
+    textdir = job.dir / "textfile"
+    textdir.mkdir()
+    os.chmod(textdir, 0o777)
+    opts = ["--nproc", "2", "--metrics-listen", "127.0.0.1:0", "--metrics-textfile", str(textdir)]
+    proc = login.popen(job.argv(*opts, script=SCRIPT))
+    try:
+        found = re.search(r"metrics at (http://\S+/metrics) and (\S+\.prom)$", metrics_line(proc))
+        assert found is not None
+        url, textfile = found.groups()
+        for rank in (0, 1):
+            job.wait_file(f"rank{rank}.ready")
+        _, body = scrape(job, url)
+        got = samples(body)
+        for rank in ("0", "1"):
+            labels = {"job": job.id, "rank": rank}
+            assert value(got, "gpulaunch_rank_state", gpulaunch_rank_state="running", **labels)
+            cpu = value(got, "gpulaunch_rank_cpu_seconds_total", **labels)
+            assert cpu is not None and cpu > 0, body  # each rank a scope of the user manager
+        assert os.stat(textfile).st_uid == login.uid
+        login.box.run(["kill", "-TERM", str(login.frontend_pid(job))], check=True)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 143, err
+    finally:
+        if proc.poll() is None:
+            finish(job, proc)
+    assert list(textdir.iterdir()) == []
+    assert_user_clean(login, job)
