@@ -27,7 +27,7 @@ from gpulaunch.metrics.options import (
     parse_listen,
 )
 from gpulaunch.metrics.series import families
-from gpulaunch.metrics.server import MetricsServer, bind, bound_address
+from gpulaunch.metrics.server import MAX_CLIENTS, MAX_HEAD, MetricsServer, bind, bound_address
 from gpulaunch.metrics.textfile import TextFile
 from gpulaunch.metrics.usage import RankUse, UsageReader
 from gpulaunch.model import (
@@ -240,6 +240,44 @@ def test_the_endpoint_serves_openmetrics_or_text_on_one_kept_connection() -> Non
     assert head.startswith(b"HTTP/1.1 200 OK") and head.endswith(b"\r\n\r\n")
     assert missing.startswith(b"HTTP/1.1 404")
     assert post.startswith(b"HTTP/1.1 405") and b"Connection: close" in post
+
+
+def test_a_hostile_client_is_dropped_and_others_still_served() -> None:
+    """A head over 16 KiB, HTTP/1.0 (closes after one answer), garbage, too many clients."""
+
+    def render(om: bool) -> tuple[bytes, str]:
+        return b"a 1\n", "text/plain"
+
+    async def main() -> None:
+        server = MetricsServer(bind(Listen("127.0.0.1", 0)), render)
+        await server.start()
+        port = server.sock.getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nX: " + b"x" * (MAX_HEAD + 10))
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # dropped, no answer
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 5)  # then closed by us
+            assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"a 1\n")
+            writer.close()
+            (bad,) = await _request(port, b"HELLO\r\n\r\n")
+            assert bad.startswith(b"HTTP/1.1 400")
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CLIENTS)]
+            await asyncio.sleep(0.1)  # every one of them accepted
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # one too many
+            writer.close()
+            for _, w in held:
+                w.close()
+            await asyncio.sleep(0.1)
+            (ok,) = await _request(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+            assert ok.startswith(b"HTTP/1.1 200 OK")
+        finally:
+            await server.aclose()
+
+    asyncio.run(main())
 
 
 def test_a_port_in_use_is_one_line() -> None:
