@@ -68,11 +68,14 @@ def main() -> None:
         record(f"rank{rank}-worker", worker.pid)
     if args.daemon:
         # The classic double fork + setsid: escapes process-group based cleanup.
+        # The middle process records the daemon's pid before it exits, and the rank waits
+        # for it: the record exists before rank N.ready (the daemon writing it itself raced).
         if os.fork() == 0:
             os.setsid()
-            if os.fork() == 0:
-                record(f"rank{rank}-daemon", os.getpid())
+            daemon = os.fork()
+            if daemon == 0:
                 os.execvp("sleep", ["sleep", "300"])
+            record(f"rank{rank}-daemon", daemon)
             os._exit(0)
         os.wait()
     if args.print:
