@@ -84,7 +84,7 @@ class JobState(enum.StrEnum):
         """How a job that ended with `cause` and `status` is called."""
         if cause is Cause.SUCCEEDED and status == 0:
             return cls.SUCCEEDED
-        if cause is Cause.INTERRUPTED:
+        if cause in (Cause.INTERRUPTED, Cause.PREEMPTED):
             return cls.STOPPED
         return cls.FAILED
 
