@@ -64,8 +64,8 @@ class JobState(enum.StrEnum):
         starting -> running -> stopping -> succeeded | failed | stopped
 
     `stopped`: someone stopped it (`gpulaunch stop`, Ctrl-C, a signal to the
-    watcher) before anything failed; `failed`: a rank or another node failed,
-    or it could not start.
+    watcher) before anything failed, or it was preempted (--preempt-grace);
+    `failed`: a rank or another node failed, or it could not start.
     """
 
     STARTING = "starting"

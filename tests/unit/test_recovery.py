@@ -231,3 +231,11 @@ def test_parse_signal_and_classes() -> None:
     assert parse_classes("Exit, signal") == {FailureClass.EXIT, FailureClass.SIGNAL}
     with pytest.raises(ValueError, match="unknown failure class 'x'"):
         parse_classes("exit,x")
+
+
+def test_a_preempted_job_is_stopped_not_failed() -> None:
+    """`list`, `status` and the bus call a preempted job stopped; a crash loop failed."""
+    from gpulaunch.jobapi.view import JobState
+
+    assert JobState.of_cause(Cause.PREEMPTED, PREEMPTED_STATUS) is JobState.STOPPED
+    assert JobState.of_cause(Cause.CRASH_LOOP, CRASH_LOOP_STATUS) is JobState.FAILED
