@@ -49,6 +49,18 @@ def test_do_not_restart_exit_code_ends_at_once(job: Job) -> None:
     assert_clean(job)
 
 
+def test_a_hang_restarts_and_the_next_attempt_succeeds(job: Job) -> None:
+    """--hang-timeout 2 --max-restarts 1: attempt 0 hangs (silent, idle), is restarted (a
+    hang is restarted by default), attempt 1 exits 0: the job succeeded, not hung."""
+    res = job.run("--nproc", "1", "--hang-timeout", "2", "--max-restarts", "1",
+                  script=CHECKPOINT, script_args=["--succeed-from", "1"], timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert attempts(job) == {0, 1}
+    assert "the job hung (--hang-timeout); restarting all ranks (restart 1 of 1)" in res.stderr
+    assert f"job {job.id} succeeded" in res.stderr, res.stderr
+    assert_clean(job)
+
+
 def preempt(job: Job, *opts: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """Two ranks that need 6 s to save; SIGTERM to gpulaunch once both run."""
     proc = job.popen("--nproc", "2", "--grace", "1", *opts, script=CHECKPOINT)

@@ -19,4 +19,4 @@ def test_an_oom_kill_is_not_restarted_by_default(vm: Machine) -> None:
     assert "rank 1 killed by the OOM killer at" in out, out
     assert "not restarting: oom is not in --restart-on (exit,hang,node,signal)" in out, out
     assert "restarting all ranks" not in out, out
-    assert job.record()["GPULAUNCH_RESTARTS"] == "0"
+    assert "GPULAUNCH_RESTARTS" not in job.record()  # recorded only when there were some

@@ -3,7 +3,8 @@
 It sleeps until the signal its environment names (GPULAUNCH_PREEMPT_SIGNAL, else
 SIGTERM) comes, then takes --save seconds to "save", writes <dir>/ckpt<RANK>.json and
 exits 0. Requeued by Slurm (SLURM_RESTART_COUNT > 0) it writes <dir>/resumed<RANK> and
-exits 0 at once. --exit N: exit N at once instead (no checkpoint).
+exits 0 at once. --exit N: exit N at once instead (no checkpoint); --succeed-from A: from
+attempt A on (TORCHELASTIC_RESTART_COUNT), exit 0 at once.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ def main() -> None:
     p.add_argument("--save", type=float, default=6.0, help="seconds the checkpoint takes")
     p.add_argument("--sleep", type=float, default=300.0)
     p.add_argument("--exit", type=int, default=None)
+    p.add_argument("--succeed-from", type=int, default=None)
     args = p.parse_args()
     rank = os.environ["RANK"]
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     with open(os.path.join(args.dir, "attempts"), "a") as f:
         f.write(f"{rank}:{attempt}\n")
+    if args.succeed_from is not None and int(attempt) >= args.succeed_from:
+        sys.exit(0)
     if args.exit is not None:
         sys.exit(args.exit)
     if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
