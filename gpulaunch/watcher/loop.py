@@ -317,9 +317,9 @@ class Watcher(EventLoop):
     def _preempt(self, signum: int) -> None:
         """The machine goes away: --preempt-grace for the ranks (watcher/notices.py)."""
         self._signalled = True  # a further SIGINT/SIGTERM kills at once
-        self.output.message(self.recovery.preempt.line(signum))
         self._interrupted(signum, None, stop=self.phase is not Phase.RUNNING)
         if self.phase is Phase.RUNNING:  # else nothing runs yet, or it stops already
+            self.output.message(self.recovery.preempt.line(signum))
             preempt(self.ranks, self.signal_ranks, self.recovery.preempt, self._aio, self._kill_now)
 
     def signal_ranks(self, signum: int, rank: int | None = None) -> int:
