@@ -7,8 +7,10 @@ rules' outcome into the job's: a crash loop's or a preemption's own status.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpulaunch.model import (
     CRASH_LOOP_STATUS,
@@ -20,7 +22,7 @@ from gpulaunch.model import (
 )
 from gpulaunch.recovery.failure import Failure, classify
 from gpulaunch.recovery.policy import Decision, Verdict, decide
-from gpulaunch.recovery.preempt import PreemptPolicy
+from gpulaunch.recovery.preempt import DEADLINE_FILE_ENV, PreemptPolicy, write_deadline
 from gpulaunch.recovery.settings import RecoveryOptions
 
 
@@ -33,6 +35,7 @@ class Recovery:
     failures: list[Failure] = field(default_factory=list)
     decision: Decision | None = None  # after the last failed attempt
     preempted_at: float | None = None  # monotonic: when the notice came
+    deadline_file: Path | None = None  # where the ranks look for their deadline
 
     @property
     def preempt(self) -> PreemptPolicy:
@@ -65,11 +68,22 @@ class Recovery:
             say(decision.line)
         return decision is not None and decision.restart
 
+    def rank_environment(self, directory: Path) -> dict[str, str]:
+        """What a rank is told of a preemption; its deadline goes under `directory` (ours)."""
+        env = self.preempt.rank_environment(directory)
+        if DEADLINE_FILE_ENV in env:
+            self.deadline_file = Path(env[DEADLINE_FILE_ENV])
+        return env
+
     def preempted(self, signum: int, now: float) -> bool:
-        """Is `signum` a preemption notice, the first? Then it is recorded."""
+        """Is `signum` a preemption notice, the first? Then it is recorded, and the ranks'
+        deadline written (before they get the signal; if it cannot be, the grace in their
+        environment still tells them)."""
         if self.preempted_at is not None or not self.preempt.is_notice(signum):
             return False
         self.preempted_at = now
+        if self.deadline_file is not None and self.preempt.grace is not None:
+            write_deadline(self.deadline_file, time.time() + self.preempt.grace)
         return True
 
     def outcome(self, outcome: Outcome) -> Outcome:

@@ -280,7 +280,7 @@ class Watcher(EventLoop):
         if self._written is not None:
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
-        env.update(self.recovery.preempt.rank_environment())
+        env.update(self.recovery.rank_environment(self._errors.root))
         out = self.output
         env.update(rank_columns(env, (out.stdout.fd, out.stderr.fd, 0), self.spec.world_size))
 

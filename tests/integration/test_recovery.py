@@ -82,6 +82,7 @@ def test_preemption_lets_ranks_save_their_checkpoint(job: Job) -> None:
         ckpt = json.loads((job.dir / f"ckpt{rank}.json").read_text())
         assert (ckpt["signal"], ckpt["grace"]) == ("SIGTERM", "15"), ckpt
         assert ckpt["saved_in"] >= 6.0, ckpt
+        assert 5.0 < ckpt["deadline_left"] <= 15.0, ckpt  # told of its deadline
     assert 6.0 <= took < 15.0 + 30, took  # not killed at --grace, not waiting to the deadline
     assert "SIGTERM: preempted; the ranks get SIGTERM and 15 s (--preempt-grace)" in res.stderr
     assert f"job {job.id} preempted (status 79: requeue it)" in res.stderr

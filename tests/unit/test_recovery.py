@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,13 @@ from gpulaunch.recovery.classes import FailureClass, parse_classes
 from gpulaunch.recovery.failure import Failure, classify
 from gpulaunch.recovery.options import add_recovery_options, parse_signal, recovery_options
 from gpulaunch.recovery.policy import Verdict, crash_loop_length, decide
-from gpulaunch.recovery.preempt import GRACE_ENV, SIGNAL_ENV, PreemptPolicy
+from gpulaunch.recovery.preempt import (
+    DEADLINE_FILE_ENV,
+    GRACE_ENV,
+    SIGNAL_ENV,
+    PreemptPolicy,
+    write_deadline,
+)
 from gpulaunch.recovery.progress import made_progress
 from gpulaunch.recovery.settings import DEFAULT_RESTART_ON, RecoveryOptions, RestartPolicy
 from gpulaunch.recovery.tracker import Recovery
@@ -145,12 +153,31 @@ def test_tracker_outcomes() -> None:
     assert rec.line is None and said == []
 
 
-def test_preempt_policy() -> None:
+def test_preempt_policy(tmp_path: Path) -> None:
     off = PreemptPolicy()
-    assert not off.is_notice(signal.SIGTERM) and off.rank_environment() == {}
+    assert not off.is_notice(signal.SIGTERM) and off.rank_environment(tmp_path) == {}
     on = PreemptPolicy(grace=20, signal=signal.SIGUSR1)
     assert on.is_notice(signal.SIGTERM) and not on.is_notice(signal.SIGUSR1)
     assert on.rank_environment() == {GRACE_ENV: "20", SIGNAL_ENV: "SIGUSR1"}
+    assert on.rank_environment(tmp_path)[DEADLINE_FILE_ENV] == str(tmp_path / "preempt-deadline")
+
+
+def test_the_deadline_is_written_at_the_notice(tmp_path: Path) -> None:
+    rec = Recovery(0, RecoveryOptions(preempt=PreemptPolicy(grace=30)))
+    path = Path(rec.rank_environment(tmp_path)[DEADLINE_FILE_ENV])
+    assert not path.exists()  # nothing before the notice
+    before = time.time()
+    assert rec.preempted(signal.SIGTERM, 1.0)
+    assert before + 30 - 0.001 <= float(path.read_text()) <= time.time() + 30  # (ms in the file)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preempt-deadline"]
+
+
+def test_write_deadline_never_through_a_link(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_text("x")
+    (tmp_path / "d.new").symlink_to(tmp_path / "elsewhere")
+    assert not write_deadline(tmp_path / "d", 5.0)
+    assert (tmp_path / "elsewhere").read_text() == "x"
+    assert write_deadline(tmp_path / "e", 5.0) and (tmp_path / "e").read_text() == "5.000\n"
 
 
 def parse(*argv: str) -> RecoveryOptions:

@@ -131,7 +131,8 @@ def send_when(path: Path, sock: socket.socket, signum: int) -> threading.Thread:
 # A rank that needs 2 s to save its checkpoint on SIGTERM (the job's --grace is 1 s).
 CHECKPOINT = (
     'echo "$GPULAUNCH_PREEMPT_GRACE $GPULAUNCH_PREEMPT_SIGNAL" > {dir}/env.{rank}; '
-    "trap 'kill $!; sleep 2; echo saved > {dir}/ckpt.{rank}; exit 0' TERM; "
+    'trap \'kill $!; cat "$GPULAUNCH_PREEMPT_DEADLINE_FILE" > {dir}/deadline.{rank}; '
+    "sleep 2; echo saved > {dir}/ckpt.{rank}; exit 0' TERM; "
     "touch {dir}/ready.{rank}; sleep 60 & wait; kill $!"
 )
 
@@ -142,11 +143,14 @@ def test_preemption_gives_the_ranks_their_grace(
     scripts = [sh(CHECKPOINT.format(dir=tmp_path, rank=i)) for i in (0, 1)]
     opts = RecoveryOptions(preempt=PreemptPolicy(grace=15.0))
     send_when(tmp_path / "ready.1", wakeup[1], signal.SIGTERM)
+    before = time.time()
     report, said = run(scripts, wakeup, tmp_path, 3, opts)
     assert (report.status, report.cause, report.restarts) == (PREEMPTED_STATUS, Cause.PREEMPTED, 0)
     for rank in (0, 1):  # saved: 2 s after SIGTERM, beyond --grace 1
         assert (tmp_path / f"ckpt.{rank}").read_text() == "saved\n"
         assert (tmp_path / f"env.{rank}").read_text() == "15 SIGTERM\n"
+        deadline = float((tmp_path / f"deadline.{rank}").read_text())  # written before the signal
+        assert before + 15 - 0.001 <= deadline <= time.time() + 15
     assert all(r.exit is not None and r.exit.stopped_by_watcher for r in report.ranks)
     assert [r.exit.code for r in report.ranks if r.exit] == [0, 0]
     assert said[-1].startswith("gpulaunch: SIGTERM: preempted; the ranks get SIGTERM and 15 s")

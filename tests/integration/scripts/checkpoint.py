@@ -54,11 +54,17 @@ def main() -> None:
         time.sleep(args.sleep)
     except Preempted:
         began = time.monotonic()
+        left = None
+        deadline_file = os.environ.get("GPULAUNCH_PREEMPT_DEADLINE_FILE")
+        if deadline_file:  # written before the signal came
+            with open(deadline_file) as f:
+                left = float(f.read()) - time.time()
         time.sleep(args.save)  # writing the checkpoint
         record = {
             "signal": name,
             "grace": os.environ.get("GPULAUNCH_PREEMPT_GRACE"),
             "saved_in": time.monotonic() - began,
+            "deadline_left": left,  # seconds from the signal to the deadline
         }
         with open(os.path.join(args.dir, f"ckpt{rank}.json"), "w") as f:
             json.dump(record, f)
