@@ -8,6 +8,7 @@
 - `tracker`: the watcher's record of its attempts, the one object it calls;
 - `settings`: what was asked, and the defaults; `options`: their command line.
 
-Pure logic over model's types: no processes, no systemd. The watcher acts on what it
-decides (gpulaunch/watcher/loop.py); docs/recovery.md has the user's side.
+Logic over model's types: no processes, no systemd (one file: a preemption's deadline,
+in the job's own run directory). The watcher acts on what it decides
+(gpulaunch/watcher/loop.py); docs/recovery.md has the user's side.
 """
