@@ -61,9 +61,13 @@ def test_a_hang_restarts_and_the_next_attempt_succeeds(job: Job) -> None:
     assert_clean(job)
 
 
-def preempt(job: Job, *opts: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Two ranks that need 6 s to save; SIGTERM to gpulaunch once both run."""
-    proc = job.popen("--nproc", "2", "--grace", "1", *opts, script=CHECKPOINT)
+def preempt(
+    job: Job, *opts: str, save: float = 6.0
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Two ranks that need `save` s to save; SIGTERM to gpulaunch once both run."""
+    proc = job.popen(
+        "--nproc", "2", "--grace", "1", *opts, script=CHECKPOINT, script_args=["--save", str(save)]
+    )  # fmt: skip
     for rank in (0, 1):
         job.wait_file(f"ready{rank}")
     sent = time.monotonic()
@@ -73,16 +77,18 @@ def preempt(job: Job, *opts: str) -> tuple[subprocess.CompletedProcess[str], flo
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took
 
 
-def test_preemption_lets_ranks_save_their_checkpoint(job: Job) -> None:
+@pytest.mark.parametrize("supervisor", ["systemd", "direct"])
+def test_preemption_lets_ranks_save_their_checkpoint(job: Job, supervisor: str) -> None:
     """--grace 1 --preempt-grace 15: ranks that need 6 s to save finish it; exit 79."""
-    res, took = preempt(job, "--preempt-grace", "15", "--max-restarts", "3")
+    opts = ("--preempt-grace", "15", "--max-restarts", "3", "--supervisor", supervisor)
+    res, took = preempt(job, *opts)
     print(f"\npreempted: ranks saved for 6 s, gpulaunch exited after {took:.2f} s")
     assert res.returncode == 79, res.stderr
     for rank in (0, 1):
         ckpt = json.loads((job.dir / f"ckpt{rank}.json").read_text())
         assert (ckpt["signal"], ckpt["grace"]) == ("SIGTERM", "15"), ckpt
         assert ckpt["saved_in"] >= 6.0, ckpt
-        assert 5.0 < ckpt["deadline_left"] <= 15.0, ckpt  # told of its deadline
+        assert 5.0 < ckpt["deadline_left"] <= 15.01, ckpt  # told of its deadline (ms in the file)
     assert 6.0 <= took < 15.0 + 30, took  # not killed at --grace, not waiting to the deadline
     assert "SIGTERM: preempted; the ranks get SIGTERM and 15 s (--preempt-grace)" in res.stderr
     assert f"job {job.id} preempted (status 79: requeue it)" in res.stderr
@@ -91,6 +97,15 @@ def test_preemption_lets_ranks_save_their_checkpoint(job: Job) -> None:
     assert (record["GPULAUNCH_CAUSE"], record["GPULAUNCH_STATUS"]) == ("preempted", "79")
     assert all(r["stopped_by_watcher"] for r in json.loads(record["GPULAUNCH_RANKS"]))
     assert attempts(job) == {0}
+    assert_clean(job)
+
+
+def test_what_runs_at_the_preemption_deadline_is_killed(job: Job) -> None:
+    """Ranks that would need 60 s get --preempt-grace 3: killed then, still preempted (79)."""
+    res, took = preempt(job, "--preempt-grace", "3", save=60)
+    assert res.returncode == 79, res.stderr
+    assert not list(job.dir.glob("ckpt*.json"))
+    assert 3.0 <= took < 3.0 + 30, took
     assert_clean(job)
 
 
