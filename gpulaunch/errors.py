@@ -22,7 +22,11 @@ Exit codes:
   76      the job's watcher went away without saying how the job ended (`wait`, `stop`;
           `status`, `signal` of a record file whose watcher is gone)
   77      permission denied by systemd or the bus
-  78      bad unit template or setting
+  78      bad unit template or setting; a rank's exit 78 (EX_CONFIG) is never restarted
+  79      `start --preempt-grace`: the job was preempted (for a scheduler to requeue it:
+          Slurm's `--requeue` with `RequeueExit=79`; docs/recovery.md)
+  80      `start --max-restarts`: a crash loop (--crash-loop attempts in a row failed the
+          same way, none of them running --progress-after)
   124     `start --hang-timeout`: the job hung (no rank printed or used CPU for that long)
   143     `start`: the job was stopped from outside (`systemctl stop`) while its units were made
 """

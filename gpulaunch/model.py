@@ -289,9 +289,13 @@ class Cause(enum.StrEnum):
     START_FAILED = "start-failed"
     NODE_FAILED = "node-failed"  # multi-node: the first failure was on another node
     HUNG = "hung"  # --hang-timeout: no output and no CPU for that long (status HUNG_STATUS)
+    PREEMPTED = "preempted"  # --preempt-grace: the machine goes away (PREEMPTED_STATUS)
+    CRASH_LOOP = "crash-loop"  # --crash-loop: attempts failed alike, none progressed
 
 
 HUNG_STATUS = 124  # like timeout(1)
+PREEMPTED_STATUS = 79  # gpulaunch/recovery/preempt.py: for a scheduler to requeue the job
+CRASH_LOOP_STATUS = 80  # gpulaunch/recovery/policy.py
 
 
 @dataclass(frozen=True)
@@ -384,6 +388,7 @@ class JobReport:
     hang: str | None = None  # hung, --dump-stacks: which ranks were in which collective
     stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (leases/accounting.py)
+    recovery: str | None = None  # why the gang was not restarted (gpulaunch/recovery/)
 
 
 @dataclass(frozen=True)

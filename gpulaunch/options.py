@@ -22,6 +22,7 @@ from gpulaunch.plan.nodes import NodeOptions
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
+from gpulaunch.recovery.options import add_recovery_options, recovery_options
 from gpulaunch.units.templates import units_dir_problem
 
 
@@ -181,6 +182,7 @@ def add_torchrun_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="restart all ranks up to N times after a failure (default: 0)",
     )
+    add_recovery_options(p)
     _add_node_options(p)
     for flags in TORCHRUN_ONLY:
         p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
@@ -439,6 +441,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         gpu_lease=args.gpus if isinstance(args.gpus, LeaseRequest) else None,
         wait_for_gpus=args.wait_for_gpus,
         allow_busy_gpus=args.allow_busy_gpus,
+        recovery=recovery_options(args),
     )
 
 

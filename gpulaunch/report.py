@@ -40,6 +40,8 @@ def headline(report: JobReport) -> str:
             f"gpulaunch: job {report.job} hung: no output and no CPU use for --hang-timeout "
             f"(status {report.status})" + (f": {report.hang}" if report.hang else "")
         )
+    if report.cause is Cause.PREEMPTED:
+        return f"gpulaunch: job {report.job} preempted (status {report.status}: requeue it)"
     if report.cause is Cause.START_FAILED:
         return f"gpulaunch: job {report.job} failed to start (status {report.status})"
     if report.cause is Cause.NODE_FAILED:
@@ -50,8 +52,9 @@ def headline(report: JobReport) -> str:
         )
     cause = next(r for r in report.ranks if r.rank == report.cause_rank)
     assert cause.exit is not None
+    loop = " in a crash loop (--crash-loop)" if report.cause is Cause.CRASH_LOOP else ""
     return (
-        f"gpulaunch: job {report.job} failed: rank {cause.rank} {cause.exit.describe()} "
+        f"gpulaunch: job {report.job} failed{loop}: rank {cause.rank} {cause.exit.describe()} "
         f"(status {report.status})"
     )
 
@@ -142,6 +145,8 @@ def format_report(report: JobReport) -> str:
         lines.append(
             f"gpulaunch: the ranks were restarted {count(report.restarts, 'time')} (--max-restarts)"
         )
+    if report.recovery:  # why they were not restarted (gpulaunch/recovery/)
+        lines.append(report.recovery)
     for r in report.ranks:
         if r.error:
             lines.append(f"rank {r.rank}'s error, from {r.error_source}:")

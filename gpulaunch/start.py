@@ -376,13 +376,10 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
         journal=contained.journal,
         peer=job.peer,
         hang=hang,
+        recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
     )
     contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
-
-    def complete(report: JobReport) -> JobReport:
-        return _report(report, spec, output, watcher, started, contained)
-
-    watcher.finish = complete
+    watcher.finish = lambda report: _report(report, spec, output, watcher, started, contained)
     return watcher.run()
 
 

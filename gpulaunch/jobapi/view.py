@@ -64,8 +64,8 @@ class JobState(enum.StrEnum):
         starting -> running -> stopping -> succeeded | failed | stopped
 
     `stopped`: someone stopped it (`gpulaunch stop`, Ctrl-C, a signal to the
-    watcher) before anything failed; `failed`: a rank or another node failed,
-    or it could not start.
+    watcher) before anything failed, or it was preempted (--preempt-grace);
+    `failed`: a rank or another node failed, or it could not start.
     """
 
     STARTING = "starting"
@@ -84,7 +84,7 @@ class JobState(enum.StrEnum):
         """How a job that ended with `cause` and `status` is called."""
         if cause is Cause.SUCCEEDED and status == 0:
             return cls.SUCCEEDED
-        if cause is Cause.INTERRUPTED:
+        if cause in (Cause.INTERRUPTED, Cause.PREEMPTED):
             return cls.STOPPED
         return cls.FAILED
 

@@ -35,6 +35,7 @@ from gpulaunch.plan.placement import (
     check_memory_max,
     place_ranks,
 )
+from gpulaunch.recovery.settings import RecoveryOptions
 
 
 class Launch(enum.StrEnum):
@@ -87,6 +88,7 @@ class StartOptions:
     gpu_lease: LeaseRequest | None = None
     wait_for_gpus: bool = False
     allow_busy_gpus: bool = False  # the health gate lets a GPU with others' memory pass
+    recovery: RecoveryOptions = RecoveryOptions()  # restarts by class, preemption (recovery/)
 
 
 def job_stem(script: str) -> str:

@@ -26,7 +26,6 @@ from gpulaunch.logs.output import Output, OutputOptions, Stream
 from gpulaunch.logs.pump import JournalTarget, journal_status
 from gpulaunch.logs.width import rank_columns
 from gpulaunch.model import (
-    Cause,
     JobProgress,
     JobReport,
     JobSpec,
@@ -38,6 +37,8 @@ from gpulaunch.model import (
 from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.plan.environment import attempt_environment
+from gpulaunch.recovery.settings import RecoveryOptions
+from gpulaunch.recovery.tracker import Recovery
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
@@ -45,7 +46,7 @@ from gpulaunch.watcher.eventloop import EventLoop
 from gpulaunch.watcher.final import UsageReader
 from gpulaunch.watcher.forkrank import fork_rank
 from gpulaunch.watcher.hangwatch import HangWatch
-from gpulaunch.watcher.notices import pass_on
+from gpulaunch.watcher.notices import pass_on, preempt
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
@@ -70,6 +71,7 @@ class Watcher(EventLoop):
         peer: PeerLink | None = None,
         hang: HangWatch | None = None,
         finish: Callable[[JobReport], JobReport] = lambda report: report,
+        recovery: RecoveryOptions | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -102,6 +104,7 @@ class Watcher(EventLoop):
         self.nodes: OtherNodes | None = None  # several nodes: what the others said
         self.usage = UsageReader(spec)  # what each rank used, read as it ends
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
+        self.recovery = Recovery(spec.max_restarts, recovery or RecoveryOptions())
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
@@ -152,21 +155,13 @@ class Watcher(EventLoop):
             return report
 
     def _restart(self) -> bool:
-        """After a rank failure, start the whole gang again while --max-restarts allows."""
-        outcome = job_outcome(self._exits(), self.interrupt)
-        if (
-            outcome.cause is not Cause.RANK_FAILED
-            or self.start_error is not None
-            or self.attempt >= self.spec.max_restarts
-        ):
+        """After a failure, start the gang again if recovery/ says so (--max-restarts, ...)."""
+        report, stopping = self.report(), self._stopping_asked()  # (its cause rank's error read)
+        if not self.recovery.restart(report, self._exits(), stopping, self.output.message):
             return False
         self.attempt += 1
-        cause = self.ranks[outcome.cause_rank or 0]
-        assert cause.exit is not None
-        self.output.message(
-            f"gpulaunch: rank {cause.spec.rank} {cause.exit.describe()}; restarting all "
-            f"ranks (restart {self.attempt} of {self.spec.max_restarts})"
-        )
+        if self.hang is not None:
+            self.hang.hung_at = None  # that hang caused this restart, not the job's end
         self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
         self.stop_issued = False
         self._failure_pending = None
@@ -188,14 +183,14 @@ class Watcher(EventLoop):
         self._interrupted(signal.SIGTERM, "gpulaunch stop")
         self._poke()
 
-    def _interrupted(self, signum: int, by: str | None) -> None:
+    def _interrupted(self, signum: int, by: str | None, stop: bool = True) -> None:
         """The first interrupt is the job's (`by`: what it was, if not a signal to us)."""
         if self.interrupt is None:
             self.interrupt = (self.clock(), signum)
             self.interrupted_by = by
             if self.nodes is not None:
                 self.nodes.offer_interrupt(signum)
-        if self.phase is not Phase.STARTING:
+        if stop and self.phase is not Phase.STARTING:
             self._begin_stop()
 
     def _set_phase(self, phase: Phase) -> None:
@@ -285,6 +280,7 @@ class Watcher(EventLoop):
         if self._written is not None:
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
+        env.update(self.recovery.rank_environment(self._errors.root))
         out = self.output
         env.update(rank_columns(env, (out.stdout.fd, out.stderr.fd, 0), self.spec.world_size))
 
@@ -306,16 +302,25 @@ class Watcher(EventLoop):
 
     def _on_signal(self) -> None:
         for signum in pending(self.wakeup_fd):
-            if signum in NOTICES:  # not a stop: passed on to the ranks
+            if self.interrupt is None and self.recovery.preempted(signum, self.clock()):
+                self._preempt(signum)
+            elif signum in NOTICES:  # not a stop: passed on to the ranks
                 self.signal_ranks(signum)
-                continue
             # A stop from outside that reaches our own scope sends us a SIGTERM
             # too: that one is still the first signal, not a second interrupt.
-            if not self._signalled:
+            elif not self._signalled:
                 self._signalled = True
                 self._interrupted(signum, None)
             else:
                 self._kill_now()
+
+    def _preempt(self, signum: int) -> None:
+        """The machine goes away: --preempt-grace for the ranks (watcher/notices.py)."""
+        self._signalled = True  # a further SIGINT/SIGTERM kills at once
+        self._interrupted(signum, None, stop=self.phase is not Phase.RUNNING)
+        if self.phase is Phase.RUNNING:  # else nothing runs yet, or it stops already
+            self.output.message(self.recovery.preempt.line(signum))
+            preempt(self.ranks, self.signal_ranks, self.recovery.preempt, self._aio, self._kill_now)
 
     def signal_ranks(self, signum: int, rank: int | None = None) -> int:
         """A notice to the running ranks (watcher/notices.py); how many got it."""
@@ -390,16 +395,7 @@ class Watcher(EventLoop):
         now = self.clock()
         self._aio.remove_reader(rank.child.pidfd)
         rank.child.close()
-        rank.exit = RankExit(
-            code=status.code,
-            signal=status.signal,
-            stopped_by_watcher=rank.stop_requested,
-            observed_at=now if rank.error_at is None or rank.stop_requested else rank.error_at,
-            runtime=now - rank.born_at,
-            core_dumped=status.core_dumped,
-            usage=used,
-            oom=oom,
-        )
+        rank.exit = rank.ended(status, now, used, oom)
         self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:
             if self.nodes is not None:
@@ -482,11 +478,13 @@ class Watcher(EventLoop):
         return job_report(
             self.spec,
             self.ranks,
-            job_outcome(
-                self._exits(),
-                self.interrupt,
-                self.nodes.elsewhere if self.nodes is not None else None,
-                self.hang.hung_at if self.hang else None,
+            self.recovery.outcome(  # a crash loop's or a preemption's, else the rules'
+                job_outcome(
+                    self._exits(),
+                    self.interrupt,
+                    self.nodes.elsewhere if self.nodes is not None else None,
+                    self.hang.hung_at if self.hang else None,
+                )
             ),
             interrupt=self.interrupt,
             interrupted_by=self.interrupted_by,
@@ -496,4 +494,5 @@ class Watcher(EventLoop):
             rank_error=self._rank_error,
             hang=self.hang.summary if self.hang else None,
             stacks=self.hang.stacks if self.hang else None,
+            recovery=self.recovery.line,
         )

@@ -8,10 +8,12 @@ process gets the signal, or with --signal-whole-rank every process of the rank
 
 from __future__ import annotations
 
+import asyncio
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpulaunch.model import RankState
+from gpulaunch.recovery.preempt import PreemptPolicy
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.ranks import Rank
 
@@ -34,3 +36,24 @@ def pass_on(
                 continue
         sent += 1
     return sent
+
+
+def preempt(
+    ranks: Sequence[Rank],
+    send: Callable[[int], int],
+    policy: PreemptPolicy,
+    aio: asyncio.AbstractEventLoop,
+    kill: Callable[[], None],
+) -> None:
+    """A preemption (recovery/preempt.py): every running rank gets `policy.signal` now (`send`),
+    its end is no failure whatever its status, and what still runs after the grace is killed."""
+    for r in ranks:
+        r.stop_requested = r.stop_requested or r.state.alive
+    send(policy.signal)
+
+    def deadline() -> None:
+        if any(r.state.alive for r in ranks):
+            kill()
+
+    assert policy.grace is not None
+    aio.call_later(policy.grace, deadline)

@@ -23,11 +23,11 @@ def job_report(
     rank_error: Callable[[int], tuple[str | None, str | None]],
     hang: str | None = None,
     stacks: str | None = None,
+    recovery: str | None = None,
 ) -> JobReport:
-    """The report: `outcome` (model.job_outcome), unless the job failed to start.
-
-    `rank_error(rank)` gives the cause rank's own error and where it came from.
-    """
+    """The report: `outcome` (model.job_outcome, or recovery/'s), unless the job failed to
+    start. `rank_error(rank)` gives the cause rank's own error and where it came from;
+    `recovery` says why the ranks were not restarted."""
     results = []
     for r in ranks:
         text, source = (
@@ -57,4 +57,5 @@ def job_report(
         node_failure=node_failure,
         hang=hang,  # hung, or --dump-stacks at a failure: where the ranks were
         stacks=stacks,
+        recovery=recovery,
     )

@@ -7,8 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulaunch.base.cgroup import cgroup_of
-from gpulaunch.base.procs import HeldChild, kill_held
-from gpulaunch.model import RankExit, RankProgress, RankSpec, RankState, check_transition
+from gpulaunch.base.procs import HeldChild, WaitStatus, kill_held
+from gpulaunch.model import (
+    OomKill,
+    RankExit,
+    RankProgress,
+    RankSpec,
+    RankState,
+    RankUsage,
+    check_transition,
+)
 
 
 @dataclass
@@ -70,6 +78,22 @@ class Rank:
                 if child is not None:
                     child.abandon()
                     kill_held(child)
+
+    def ended(
+        self, status: WaitStatus, now: float, usage: RankUsage, oom: OomKill | None
+    ) -> RankExit:
+        """How it ended, reaped `now`: its failure counts from when its @record wrote its
+        error file, if it did and the watcher had not asked it to stop."""
+        return RankExit(
+            code=status.code,
+            signal=status.signal,
+            stopped_by_watcher=self.stop_requested,
+            observed_at=now if self.error_at is None or self.stop_requested else self.error_at,
+            runtime=now - self.born_at,
+            core_dumped=status.core_dumped,
+            usage=usage,
+            oom=oom,
+        )
 
     def advance(self, new: RankState) -> None:
         check_transition(self.state, new)

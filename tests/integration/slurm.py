@@ -87,6 +87,9 @@ def slurm_conf(hosts: Sequence[str], ctld_port: int, slurmd_ports: Sequence[int]
             "ReturnToService=2",
             "MpiDefault=none",
             "KillWait=30",  # scancel: SIGTERM, then SIGKILL only after 30 s
+            "RequeueExit=79",  # gpulaunch's status of a preempted job: requeue it
+            # a requeued job waits this long before it runs again (default 120 s)
+            "AuthInfo=cred_expire=15",
             *nodes,
             f"PartitionName=main Nodes={','.join(hosts)} Default=YES MaxTime=INFINITE State=UP",
         ]

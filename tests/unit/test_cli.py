@@ -63,6 +63,8 @@ def test_start_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> 
         "76 ",
         "77 ",
         "78 ",
+        "79 ",
+        "80 ",
     ):
         assert f"\n  {line}" in "\n" + codes, line
 

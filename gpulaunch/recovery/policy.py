@@ -1,0 +1,96 @@
+"""After a failed attempt: restart the gang, or end the job now, and why.
+
+The defaults (docs/recovery.md says why): a non-zero exit, a death by signal, a hang
+and another node's failure restart (while --max-restarts allows); an OOM kill does not
+(the same code with the same memory fails the same way, after the same time, and a
+crash loop's test does not catch a failure that comes late); exit code 78 (EX_CONFIG,
+"configuration error") never does; 3 attempts in a row that fail the same way, each
+before it made progress, are a crash loop and end the job (status 80).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpulaunch.recovery.classes import FailureClass
+from gpulaunch.recovery.failure import Failure
+from gpulaunch.recovery.progress import made_progress
+from gpulaunch.recovery.settings import RestartPolicy
+
+
+class Verdict(enum.StrEnum):
+    """What follows a failed attempt."""
+
+    RESTART = "restart"
+    SPENT = "spent"  # --max-restarts restarts were made (or none were allowed)
+    NO_RESTART_CODE = "no-restart-code"  # the script said "do not restart" by its exit code
+    NOT_RESTARTED = "not-restarted"  # its class is not in --restart-on
+    CRASH_LOOP = "crash-loop"  # --crash-loop attempts in a row failed the same way
+    STOPPING = "stopping"  # the job was interrupted or preempted meanwhile: it ends
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict and the line that tells the user (None: nothing worth a line)."""
+
+    verdict: Verdict
+    line: str | None = None
+
+    @property
+    def restart(self) -> bool:
+        return self.verdict is Verdict.RESTART
+
+
+def crash_loop_length(policy: RestartPolicy, failures: Sequence[Failure]) -> int:
+    """How many of the last attempts failed the same way as the last, none with progress."""
+    if not failures:
+        return 0
+    last = failures[-1].signature
+    length = 0
+    for failure in reversed(failures):
+        if failure.signature != last or made_progress(failure, policy.progress_after):
+            break
+        length += 1
+    return length
+
+
+def decide(
+    policy: RestartPolicy, max_restarts: int, failures: Sequence[Failure], stopping: bool = False
+) -> Decision:
+    """Restart or not after the last of `failures` (every attempt's, in order, one each).
+
+    `stopping`: the job was interrupted or preempted while this attempt ended. The reasons
+    not to restart are checked only while restarts are left: each ends the job early.
+    """
+    failure = failures[-1]
+    done = len(failures) - 1  # restarts made so far
+    if stopping:
+        return Decision(Verdict.STOPPING)
+    if done >= max_restarts:  # (none allowed, or all made): nothing to say but the report's
+        return Decision(Verdict.SPENT)
+    not_restarted = f"gpulaunch: {failure.what}; not restarting"
+    if failure.kind is FailureClass.EXIT and failure.status in policy.no_restart_codes:
+        return Decision(
+            Verdict.NO_RESTART_CODE,
+            f"{not_restarted}: exit {failure.status} says do not restart (--no-restart-exit-code)",
+        )
+    if failure.kind not in policy.restart_on:
+        return Decision(
+            Verdict.NOT_RESTARTED,
+            f"{not_restarted}: {failure.kind} is not in --restart-on "
+            f"({','.join(sorted(policy.restart_on)) or 'none'})",
+        )
+    loop = crash_loop_length(policy, failures)
+    if policy.crash_loop and loop >= policy.crash_loop:
+        return Decision(
+            Verdict.CRASH_LOOP,
+            f"{not_restarted}: a crash loop: {loop} attempts in a row failed this way, none "
+            f"of them after {policy.progress_after:g} s (--crash-loop {policy.crash_loop}, "
+            f"--progress-after {policy.progress_after:g})",
+        )
+    return Decision(
+        Verdict.RESTART,
+        f"gpulaunch: {failure.what}; restarting all ranks (restart {done + 1} of {max_restarts})",
+    )

@@ -1,0 +1,35 @@
+"""What the command line asked of recovery (options.py), and the defaults; policy.py
+and preempt.py say what they mean, docs/recovery.md why they are the defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpulaunch.recovery.classes import FailureClass
+from gpulaunch.recovery.preempt import PreemptPolicy
+
+DEFAULT_RESTART_ON = frozenset(
+    {FailureClass.EXIT, FailureClass.SIGNAL, FailureClass.HANG, FailureClass.NODE}
+)
+NO_RESTART_EXIT_CODE = 78  # EX_CONFIG (sysexits.h): "a configuration error", never restarted
+CRASH_LOOP_ATTEMPTS = 3  # --crash-loop
+PROGRESS_AFTER = 60.0  # --progress-after, seconds
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Which failures restart the gang (`--restart-on`, `--no-restart-exit-code`,
+    `--crash-loop`, `--progress-after`); how often is --max-restarts (the spec's)."""
+
+    restart_on: frozenset[FailureClass] = DEFAULT_RESTART_ON
+    no_restart_codes: frozenset[int] = frozenset({NO_RESTART_EXIT_CODE})
+    crash_loop: int = CRASH_LOOP_ATTEMPTS  # 0: never a crash loop
+    progress_after: float = PROGRESS_AFTER
+
+
+@dataclass(frozen=True)
+class RecoveryOptions:
+    """Restarts by failure class and preemption, as asked (recovery/options.py)."""
+
+    restart: RestartPolicy = RestartPolicy()
+    preempt: PreemptPolicy = PreemptPolicy()

@@ -1,0 +1,104 @@
+"""The watcher's record of its attempts: what failed, what was decided, whether preempted.
+
+One object the watcher (gpulaunch/watcher/loop.py) calls after each attempt (`after`)
+and when a preemption notice comes (`preempted`); `outcome` then turns the exit-status
+rules' outcome into the job's: a crash loop's or a preemption's own status.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpulaunch.model import (
+    CRASH_LOOP_STATUS,
+    PREEMPTED_STATUS,
+    Cause,
+    JobReport,
+    Outcome,
+    RankExit,
+)
+from gpulaunch.recovery.failure import Failure, classify
+from gpulaunch.recovery.policy import Decision, Verdict, decide
+from gpulaunch.recovery.preempt import DEADLINE_FILE_ENV, PreemptPolicy, write_deadline
+from gpulaunch.recovery.settings import RecoveryOptions
+
+
+@dataclass
+class Recovery:
+    """The failures of a job's attempts so far, the last decision, and its preemption."""
+
+    max_restarts: int = 0
+    options: RecoveryOptions = RecoveryOptions()
+    failures: list[Failure] = field(default_factory=list)
+    decision: Decision | None = None  # after the last failed attempt
+    preempted_at: float | None = None  # monotonic: when the notice came
+    deadline_file: Path | None = None  # where the ranks look for their deadline
+
+    @property
+    def preempt(self) -> PreemptPolicy:
+        return self.options.preempt
+
+    def after(
+        self, outcome: Outcome, exits: Mapping[int, RankExit], stopping: bool
+    ) -> Decision | None:
+        """An attempt ended with `outcome`: restart it? None: it did not fail (no restart)."""
+        failure = classify(outcome, exits)
+        if failure is None:
+            return None
+        self.failures.append(failure)
+        stopping = stopping or self.preempted_at is not None
+        self.decision = decide(self.options.restart, self.max_restarts, self.failures, stopping)
+        return self.decision
+
+    def restart(
+        self,
+        report: JobReport,
+        exits: Mapping[int, RankExit],
+        stopping: bool,
+        say: Callable[[str], None],
+    ) -> bool:
+        """After an attempt (`report`: the job's report if it ended now), restart the gang?
+        `say` gets the line that says what was decided and why, if any."""
+        outcome = Outcome(report.status, report.cause, report.cause_rank)
+        decision = self.after(outcome, exits, stopping)
+        if decision is not None and decision.line is not None:
+            say(decision.line)
+        return decision is not None and decision.restart
+
+    def rank_environment(self, directory: Path) -> dict[str, str]:
+        """What a rank is told of a preemption; its deadline goes under `directory` (ours)."""
+        env = self.preempt.rank_environment(directory)
+        if DEADLINE_FILE_ENV in env:
+            self.deadline_file = Path(env[DEADLINE_FILE_ENV])
+        return env
+
+    def preempted(self, signum: int, now: float) -> bool:
+        """Is `signum` a preemption notice, the first? Then it is recorded, and the ranks'
+        deadline written (before they get the signal; if it cannot be, the grace in their
+        environment still tells them)."""
+        if self.preempted_at is not None or not self.preempt.is_notice(signum):
+            return False
+        self.preempted_at = now
+        if self.deadline_file is not None and self.preempt.grace is not None:
+            write_deadline(self.deadline_file, time.time() + self.preempt.grace)
+        return True
+
+    def outcome(self, outcome: Outcome) -> Outcome:
+        """The job's outcome: a crash loop's, a preemption's (when it ended the job), or
+        the exit-status rules' (`outcome`)."""
+        if outcome.cause is Cause.INTERRUPTED and self.preempted_at is not None:
+            return Outcome(PREEMPTED_STATUS, Cause.PREEMPTED, None)
+        if self.decision is not None and self.decision.verdict is Verdict.CRASH_LOOP:
+            if outcome.cause is not Cause.INTERRUPTED:
+                return Outcome(CRASH_LOOP_STATUS, Cause.CRASH_LOOP, outcome.cause_rank)
+        return outcome
+
+    @property
+    def line(self) -> str | None:
+        """Why restarts ended, for the report (None: nothing to say)."""
+        if self.decision is None or self.decision.restart:
+            return None
+        return self.decision.line
