@@ -76,6 +76,18 @@ class WaitStatus:
         return f"exit {self.code}"
 
 
+# What a held child sets for itself (_child_setup), blocked from the fork until it has.
+CHILD_SIGNALS = (
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
 def fork_held(
     body: Callable[[], object],
     fds: Mapping[int, int],
@@ -95,7 +107,16 @@ def fork_held(
     """
     read_end, write_end = os.pipe()
     parent = os.getpid()
-    pid = os.fork()
+    # Until the child has its own dispositions, a stop's SIGTERM must wait: the gate may
+    # open, the rank run and fail and the gang stop before a loaded machine runs the
+    # child's first line, and it would then die of it (a pump losing its rank's last
+    # lines) or run the watcher's handler (a phantom interrupt through the wakeup fd).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_SIGNALS)
+    try:
+        pid = os.fork()
+    finally:
+        if os.getpid() == parent:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if pid == 0:  # pragma: no cover - the child; it never returns
         try:
             try:
@@ -104,6 +125,7 @@ def fork_held(
                     if os.getppid() != parent:  # it died before the line above
                         os._exit(GATE_CLOSED)
                 gate = _child_setup(read_end, fds, ignore)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # pending: now as set up
             except OSError as exc:
                 # Still the watcher's stderr (fd 2 is replaced last): say why, once.
                 with contextlib.suppress(OSError):
@@ -132,8 +154,7 @@ def _child_setup(
     """Signals back to defaults, own process group, exactly the wanted fds; returns the gate fd."""
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal survives exec;
     # the watcher's handlers must not run here either.
-    restored = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    for sig in (*restored, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in CHILD_SIGNALS:
         signal.signal(sig, signal.SIG_IGN if sig in ignore else signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     os.setpgid(0, 0)

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from gpulaunch.base.procs import WaitStatus, reap
 from gpulaunch.watcher.limits import Limits, job_does_not_fit, job_needs
 
 PRELUDE = """
@@ -179,3 +180,32 @@ def test_job_needs() -> None:
     assert job_needs(10).fds == 64 + 10 * 6
     assert job_needs(10, log_dir=True).fds == 64 + 10 * 7
     assert job_needs(10).processes == 22
+
+
+def test_a_stop_in_the_first_instants_of_a_held_child_finds_its_own_dispositions() -> None:
+    """A SIGTERM right after the fork (a rank that failed at once, then the gang stop)
+    reaches a pump that ignores it as ignored, never as death (its rank's last lines were
+    lost: 1 unit-test run in 10 on a loaded machine), and a rank as death, never as the
+    watcher's own handler run in the child (a phantom interrupt through the wakeup fd)."""
+    import os
+    import signal
+
+    from gpulaunch.base.procs import fork_held
+
+    def held(ignore: tuple[signal.Signals, ...]) -> WaitStatus:
+        child = fork_held(lambda: os._exit(0), {}, ignore=ignore)
+        os.kill(child.pid, signal.SIGTERM)  # mostly before the child ran a line of its own
+        child.release()
+        status = reap(child.pidfd)
+        child.close()
+        return status
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        pumps = [held((signal.SIGTERM,)) for _ in range(40)]
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the watcher's handler
+        ranks = [held(()) for _ in range(40)]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [s for s in pumps if s.signal is not None] == []
+    assert [s for s in ranks if s.signal != signal.SIGTERM] == []
