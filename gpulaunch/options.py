@@ -22,6 +22,7 @@ from gpulaunch.plan.nodes import NodeOptions
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
+from gpulaunch.progress.options import add_straggler_options, straggler_rule
 from gpulaunch.units.templates import units_dir_problem
 
 
@@ -182,6 +183,7 @@ def add_torchrun_options(p: argparse.ArgumentParser) -> None:
         help="restart all ranks up to N times after a failure (default: 0)",
     )
     _add_node_options(p)
+    add_straggler_options(p)
     for flags in TORCHRUN_ONLY:
         p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
 
@@ -439,6 +441,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         gpu_lease=args.gpus if isinstance(args.gpus, LeaseRequest) else None,
         wait_for_gpus=args.wait_for_gpus,
         allow_busy_gpus=args.allow_busy_gpus,
+        stragglers=straggler_rule(args),
     )
 
 

@@ -29,6 +29,7 @@ from gpulaunch.errors import (
     UsageError,
 )
 from gpulaunch.jobapi import filerecord, record, whose
+from gpulaunch.jobapi.stepview import STEP_HEADER, status_lines, step_cells
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.report import count, format_report, format_table, nodes_line
@@ -308,7 +309,10 @@ def _live(view: JobView) -> str:
         f"in {view.slice} "
         f"({view.manager} manager, watcher pid {view.watcher_pid}, uid {view.owner})"
     )
-    rows = [("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")]
+    rows: list[tuple[str, ...]] = [("rank", "local", "unit", "pid", "state", "exit", "how")]
+    rows[0] += ("runtime",)
+    stepping = any(r.steps is not None for r in view.ranks)  # gpulaunch/progress/
+    rows = [(*rows[0], *STEP_HEADER)] if stepping else rows
     for r in view.ranks:
         ex = r.result().exit
         ended = r.status >= 0
@@ -322,6 +326,7 @@ def _live(view: JobView) -> str:
                 ex.describe() if ended and ex is not None else "-",
                 ("stopped" if r.stopped_by_watcher else "exited") if ended else "-",
                 format_duration(r.runtime) if ended else "-",
+                *(step_cells(r.steps) if stepping else ()),
             )
         )
     lines = [head]
@@ -329,7 +334,8 @@ def _live(view: JobView) -> str:
         lines.append("  " + nodes_line(view.layout))
     if view.node_failure is not None:
         lines.append(f"  the job's first failure: {view.node_failure.describe()}")
-    return "\n".join(lines + ["  " + line for line in format_table(rows).splitlines()])
+    lines += ["  " + line for line in format_table(rows).splitlines()]
+    return "\n".join(lines + ["  " + line for line in status_lines(view.ranks)])
 
 
 def cmd_signal(args: argparse.Namespace) -> int:

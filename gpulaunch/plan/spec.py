@@ -23,7 +23,7 @@ from pathlib import Path
 from gpulaunch.base.names import UnitNames, validate_job_id
 from gpulaunch.base.protocol import Layout, NodeConfig
 from gpulaunch.errors import UsageError
-from gpulaunch.model import JobSpec, Manager, RankSpec, SupervisorKind
+from gpulaunch.model import JobSpec, Manager, RankSpec, StragglerRule, SupervisorKind
 from gpulaunch.plan.environment import RankPlace, rank_environment
 from gpulaunch.plan.gpus import visible_pool
 from gpulaunch.plan.leaserequest import LeaseRequest
@@ -87,6 +87,7 @@ class StartOptions:
     gpu_lease: LeaseRequest | None = None
     wait_for_gpus: bool = False
     allow_busy_gpus: bool = False  # the health gate lets a GPU with others' memory pass
+    stragglers: StragglerRule = StragglerRule()  # --straggler-factor, --straggler-steps
 
 
 def job_stem(script: str) -> str:
@@ -273,6 +274,7 @@ def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
         node_config=node_config,
         layout=layout,
         signal_whole_rank=opts.signal_whole_rank,
+        stragglers=opts.stragglers,
     )
 
 
