@@ -10,18 +10,23 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
 
 from gpulaunch.progress.journal import STRAGGLER_MESSAGE_ID
-from tests.integration.jobs import REPO, Job, assert_clean, wait_until
+from tests.integration.container import container
+from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, assert_clean, wait_until
 from tests.integration.test_dbus import finish, gl, prop
+from tests.integration.test_direct import CGROUP_LINE, PGROUP_LINE, gpulaunch
+from tests.integration.test_frontend import make_user
 
 pytestmark = pytest.mark.integration
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
 STEPPER = str(SCRIPTS / "stepper.py")
+STEPPER_ARGS = [STEPPER]
 
 
 def wait_done(job: Job, ranks: range, timeout: float = 180) -> None:
@@ -184,3 +189,40 @@ def test_ranks_that_never_report_look_as_before(job: Job) -> None:
     assert res.returncode == 0, res.stderr
     status = gl(job, "status", job.id, "--json", timeout=60)
     assert all(r["steps"] is None for r in json.loads(status.stdout)["ranks"]), status.stdout
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["cgroup", "pgroup"])
+def test_the_direct_supervisor_knows_a_rank_s_child_by_its_ancestry(read_only: bool) -> None:
+    """No systemd (a container): a rank's child steps; its cgroup (or, with no cgroup of
+    its own, its ancestry) names its rank. status reads the record file."""
+    work = SHARED / f"progress-{uuid.uuid4().hex[:8]}"
+    (work / "state").mkdir(parents=True)
+    with container(read_only=read_only) as ct:
+        job = "stepdirect"
+        argv = [*STEPPER_ARGS, "--dir", str(work), "--steps", "5", "--exit", "--in-child"]
+        script = (
+            gpulaunch(work, "start", "--nproc", "2", "--job", job, *argv)
+            + " && "
+            + gpulaunch(work, "status", "--json", job)
+        )
+        res = ct.run(script)
+        assert res.returncode == 0, res.stdout
+        assert (PGROUP_LINE if read_only else CGROUP_LINE) in res.stdout, res.stdout
+        record = json.loads(res.stdout[res.stdout.index("{\n") :])
+        assert [r["steps"]["step"] for r in record["ranks"]] == [5, 5], res.stdout
+
+
+def test_an_ordinary_user_s_ranks_report_their_steps(box: Any, job: Job) -> None:
+    """From a login shell: the user manager's scopes, the front end's watcher."""
+    login = make_user(box, "glsteps", manager=True)
+    os.chmod(job.dir, 0o777)
+    res = login.run(
+        job.argv(
+            "--nproc", "2", script=STEPPER, script_args=["--steps", "5", "--exit", "--in-child"]
+        )
+    )
+    assert res.returncode == 0, res.stderr
+    status = login.run([GPULAUNCH, "status", "--json", job.id])
+    assert status.returncode == 0, status.stderr
+    ranks = json.loads(status.stdout)["ranks"]
+    assert [r["steps"]["step"] for r in ranks] == [5, 5], status.stdout

@@ -29,10 +29,13 @@ def main() -> None:
     p.add_argument("--slow-extra", type=float, default=0.2)
     p.add_argument("--print-rank", type=int, default=-1, help="prints forever after its steps")
     p.add_argument("--exit", action="store_true", help="exit 0 after the steps")
+    p.add_argument("--in-child", action="store_true", help="a child of the rank steps")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
     with open(os.path.join(args.dir, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
+    if args.in_child and os.fork() != 0:  # the rank's main process waits for its child
+        os._exit(os.waitstatus_to_exitcode(os.wait()[1]))
     status(f"rank {rank} warming up")
     extra = args.slow_extra if rank == args.slow_rank else 0.0
     for n in range(1, args.steps + 1):
