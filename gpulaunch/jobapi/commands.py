@@ -309,10 +309,9 @@ def _live(view: JobView) -> str:
         f"in {view.slice} "
         f"({view.manager} manager, watcher pid {view.watcher_pid}, uid {view.owner})"
     )
-    rows: list[tuple[str, ...]] = [("rank", "local", "unit", "pid", "state", "exit", "how")]
-    rows[0] += ("runtime",)
+    header = ("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")
     stepping = any(r.steps is not None for r in view.ranks)  # gpulaunch/progress/
-    rows = [(*rows[0], *STEP_HEADER)] if stepping else rows
+    rows: list[tuple[str, ...]] = [header + STEP_HEADER if stepping else header]
     for r in view.ranks:
         ex = r.result().exit
         ended = r.status >= 0

@@ -8,8 +8,10 @@ their own (systemd reads notifications only for services), so nothing else
 listens there. `SO_PASSCRED` makes the kernel stamp every datagram with its
 sender's pid: the sender is a rank's main process, a process in the rank's own
 cgroup (its scope), or a descendant of its main process; anything else is
-dropped. What a datagram says of its rank is never read: a rank cannot speak
-for another.
+dropped, and a datagram of another user is dropped before anything is read for
+it (an abstract name is visible to every process of the network namespace: a
+flood of strangers costs one recvmsg each). What a datagram says of its rank is
+never read: a rank cannot speak for another.
 
 The loop reads it like every other fd (no thread, no timer while nobody
 reports). Observers hear of steps at most once a second (`NOTIFY_EVERY`), of a
@@ -107,6 +109,7 @@ class ProgressChannel:
         name = self.sock.getsockname()
         self.address = "@" + (name[1:].decode() if isinstance(name, bytes) else name[1:])
         self.strangers = 0  # datagrams from processes of no rank (dropped)
+        self._uid = os.geteuid()  # the ranks' user: the watcher's (they are its children)
         self._ranks = ranks
         self._changed: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -149,16 +152,19 @@ class ProgressChannel:
                 )
             except (BlockingIOError, InterruptedError):
                 return
-            pid = None
+            pid = uid = None
             for level, kind, payload in ancdata:
                 if level != socket.SOL_SOCKET:
                     continue
                 if kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
-                    pid = _UCRED.unpack_from(payload)[0]
+                    pid, uid, _ = _UCRED.unpack_from(payload)
                 elif kind == socket.SCM_RIGHTS:
                     for (fd,) in struct.iter_unpack("i", payload[: len(payload) // 4 * 4]):
                         os.close(fd)
             if pid is None or flags & socket.MSG_TRUNC:
+                continue
+            if uid != self._uid:  # not our ranks' user: not even /proc is read for it
+                self.strangers += 1
                 continue
             self.take(pid, parse(data))
 

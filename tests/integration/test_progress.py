@@ -18,7 +18,7 @@ import pytest
 from gpulaunch.progress.journal import STRAGGLER_MESSAGE_ID
 from tests.integration.container import container
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, assert_clean, wait_until
-from tests.integration.test_dbus import finish, gl, prop
+from tests.integration.test_dbus import Subscriber, finish, gl, prop
 from tests.integration.test_direct import CGROUP_LINE, PGROUP_LINE, gpulaunch
 from tests.integration.test_frontend import make_user
 
@@ -71,6 +71,7 @@ def recorded_steps(job: Job) -> dict[int, dict[str, Any]]:
 def test_a_slow_rank_is_flagged_live_and_the_others_never(job: Job) -> None:
     """4 ranks, rank 2 sleeps 200 ms more per step: flagged within 20 of its steps, in the
     terminal, the journal (its own MESSAGE_ID), the bus, status --json, top, the record."""
+    bus = Subscriber(job)
     proc = job.popen("--nproc", "4", script=STEPPER, script_args=["--slow-rank", "2"])
     try:
         wait_done(job, range(4))
@@ -92,8 +93,12 @@ def test_a_slow_rank_is_flagged_live_and_the_others_never(job: Job) -> None:
         assert "30/30 STRAGGLER" in text and "done stepping" in text, text
     finally:
         code, err = finish(job, proc)
+        events = bus.events()
     assert code == 143, err
     assert "rank 2 is a straggler" in err and "rank 0 is a" not in err, err
+    changed = [e["body"][1] for e in events if e["member"] == "PropertiesChanged"]
+    assert [c["Stragglers"] for c in changed if "Stragglers" in c] == [[2]], changed
+    assert not any("Steps" in c for c in changed), changed  # read on demand only
     entries = straggler_entries(job)
     assert [(e["GPULAUNCH_RANK"], e["GPULAUNCH_STRAGGLER"]) for e in entries] == [("2", "1")]
     assert int(entries[0]["GPULAUNCH_STEP"]) <= 20, entries

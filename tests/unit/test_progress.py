@@ -225,3 +225,30 @@ def test_a_hang_by_steps_counts_only_this_attempt_s_steps() -> None:
 
 def test_straggler_options_reach_the_spec() -> None:
     assert StartOptions.__dataclass_fields__["stragglers"].default == StragglerRule(1.5, 10)
+
+
+def test_another_user_s_datagrams_are_dropped_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An abstract name is visible to every process of the network namespace: a datagram
+    of another uid is dropped before /proc is read for it, even from a rank's own pid."""
+    if os.geteuid() != 0:
+        pytest.skip("sending as another user needs root (CI runs the tests as root)")
+    spec, _ = make_job([["true"]])
+    ranks: list[FakeRank] = []
+    channel = ProgressChannel(spec, lambda: ranks, journal=False)
+    monkeypatch.setenv("NOTIFY_SOCKET", channel.environment()["NOTIFY_SOCKET"])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: as nobody, send once told to
+        os.setuid(65534)
+        os.read(r, 1)
+        os._exit(0 if progress.step(1) else 1)
+    ranks.append(rank_of(0, pid))  # the sender is the rank's main process, by pid
+    try:
+        os.write(w, b"x")
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0  # it was sent
+        channel._on_readable()
+        assert ranks[0].steps is None and channel.strangers == 1
+    finally:
+        os.close(r)
+        os.close(w)
+        channel.close()
