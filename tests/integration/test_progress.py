@@ -18,7 +18,7 @@ import pytest
 from gpulaunch.progress.journal import STRAGGLER_MESSAGE_ID
 from tests.integration.container import container
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, assert_clean, wait_until
-from tests.integration.test_dbus import Subscriber, finish, gl, prop
+from tests.integration.test_dbus import Subscriber, finish, gl, prop, start_running
 from tests.integration.test_direct import CGROUP_LINE, PGROUP_LINE, gpulaunch
 from tests.integration.test_frontend import make_user
 
@@ -189,11 +189,39 @@ def test_a_lightning_trainer_with_the_callback_shows_its_steps_in_status(job: Jo
     assert_clean(job)
 
 
-def test_ranks_that_never_report_look_as_before(job: Job) -> None:
-    res = job.run("--nproc", "2", timeout=120)
+def test_a_straggler_that_catches_up_is_cleared(job: Job) -> None:
+    """Rank 1 is slow for its first 20 steps, then keeps up: flagged, then cleared after
+    --straggler-steps steps at the others' pace (the journal, the bus, the record)."""
+    res = job.run(
+        "--nproc",
+        "3",
+        script=STEPPER,
+        script_args=["--steps", "50", "--slow-rank", "1", "--slow-steps", "20", "--exit"],
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
-    status = gl(job, "status", job.id, "--json", timeout=60)
-    assert all(r["steps"] is None for r in json.loads(status.stdout)["ranks"]), status.stdout
+    assert "rank 1 is a straggler" in res.stderr and "rank 1 keeps up again" in res.stderr
+    entries = straggler_entries(job)
+    flags = [(e["GPULAUNCH_RANK"], e["GPULAUNCH_STRAGGLER"]) for e in entries]
+    assert flags == [("1", "1"), ("1", "0")], entries
+    assert int(entries[1]["GPULAUNCH_STEP"]) <= 20 + 10 + 2, entries  # 10 steps at pace
+    steps = recorded_steps(job)
+    assert steps[1]["straggler"] is False and steps[1]["straggled"] == 1, steps
+    assert_clean(job)
+
+
+def test_ranks_that_never_report_look_as_before(job: Job) -> None:
+    proc = start_running(job, 2)
+    try:
+        text = gl(job, "status", job.id, timeout=60).stdout
+        assert "steps/s" not in text and "rank 0:" not in text, text
+        assert all(r["steps"] is None and r["status_text"] is None for r in live(job).values())
+        assert prop(job, "Steps") == [] and prop(job, "Stragglers") == []
+    finally:
+        code, err = finish(job, proc)
+    assert code == 143, err
+    assert all(s is None for s in recorded_steps(job).values())
+    assert_clean(job)
 
 
 @pytest.mark.parametrize("read_only", [False, True], ids=["cgroup", "pgroup"])
