@@ -252,3 +252,11 @@ def test_another_user_s_datagrams_are_dropped_unread(monkeypatch: pytest.MonkeyP
         os.close(r)
         os.close(w)
         channel.close()
+
+
+@pytest.mark.parametrize("example", ["progress_loop.py", "progress_accelerate.py"])
+def test_the_examples_are_python_that_compiles(example: str) -> None:
+    """accelerate is not a dependency: its example is at least right Python (ruff lints both)."""
+    source = (ROOT / "examples" / example).read_text()
+    compile(source, example, "exec")
+    assert "from gpulaunch.progress import" in source
