@@ -19,6 +19,7 @@ from pathlib import Path
 from gpulaunch.debug.hang import HangClock, cpu_seconds, hang_summary
 from gpulaunch.debug.stacks import RankStacks, dump_ranks, find_pyspy, format_stacks
 from gpulaunch.model import StepInfo
+from gpulaunch.progress.behind import behind
 from gpulaunch.watcher.ranks import Rank
 
 HUNG = "the job hung (--hang-timeout)"
@@ -72,13 +73,13 @@ class HangWatch:
             now = self.clock()
             stepped = last_step(ranks(), clock.started)
             if stepped is not None:  # the ranks report steps: nothing else is progress
-                rank, info = stepped
-                at = info.at
+                at = stepped[1].at
                 if now < at + timeout:
                     self._timer = aio.call_at(aio.time() + (at + timeout - now), check)
                     return
                 self.hung_at = now
-                why = f"no rank stepped for {now - at:.1f} s (last: rank {rank}, step {info.step})"
+                where = behind({r.spec.rank: r.steps.step if r.steps else None for r in ranks()})
+                why = f"no rank stepped for {now - at:.1f} s ({where})"
                 self.say(f"gpulaunch: job hung (--hang-timeout {timeout:g}): {why}")
                 on_hung(f"{HUNG}: {why}")
                 return

@@ -124,8 +124,9 @@ def test_no_flag_over_1000_balanced_steps(job: Job) -> None:
 
 
 def test_a_rank_that_prints_but_never_steps_is_hung(job: Job) -> None:
-    """Rank 1 prints every 0.1 s after its last step, rank 0 waits: output and CPU say
-    alive, steps say hung. Found within the timeout + 2 s, its stack in the report."""
+    """Rank 1 prints every 0.1 s after its second step, rank 0 waits after its third: output
+    and CPU say alive, steps say hung. Found within the timeout + 2 s, rank 1 named as
+    behind, its stack in the report."""
     proc = job.popen(
         "--nproc",
         "2",
@@ -155,13 +156,15 @@ def test_a_rank_that_prints_but_never_steps_is_hung(job: Job) -> None:
     for reader in readers:
         reader.join(timeout=30)
     text = "".join(line for _, line in err)
-    found = [t for t, line in err if "job hung (--hang-timeout 3): no rank stepped for" in line]
+    hung = "job hung (--hang-timeout 3): no rank stepped for"
+    found = [t for t, line in err if hung in line]
     assert found, text
     found_at = found[0]
     last_step = max(float((job.dir / f"rank{r}.done").read_text()) for r in range(2))
     assert found_at - last_step <= 3 + 2, (found_at - last_step, text)
     assert found_at - last_step >= 3 - 0.5, (found_at - last_step, text)  # not before it
     assert proc.returncode == 124, text
+    assert "(rank 1 at step 2, behind the others' 3)" in text, text  # the rank named
     assert any("is busy but takes no step" in line for line in out)  # it did print
     assert "the ranks' stacks" in text and "stall_forever (stepper.py:" in text, text
     assert_clean(job)

@@ -21,6 +21,7 @@ from gpulaunch.jobapi.rankview import RankView, from_wire, ranks_json, steps_wir
 from gpulaunch.jobapi.stepview import step_cells
 from gpulaunch.model import RankSpec, StepInfo, StragglerRule
 from gpulaunch.plan.spec import StartOptions
+from gpulaunch.progress.behind import behind
 from gpulaunch.progress.channel import ProgressChannel, sender_of
 from gpulaunch.progress.journal import STRAGGLER_MESSAGE_ID, StragglerNote
 from gpulaunch.progress.protocol import parse
@@ -260,3 +261,12 @@ def test_the_examples_are_python_that_compiles(example: str) -> None:
     source = (ROOT / "examples" / example).read_text()
     compile(source, example, "exec")
     assert "from gpulaunch.progress import" in source
+
+
+def test_a_hang_by_steps_names_who_is_behind() -> None:
+    assert behind({0: 4, 1: 3, 2: 4}) == "rank 1 at step 3, behind the others' 4"
+    assert behind({0: 4, 1: 2, 2: 3, 3: 2}) == (
+        "ranks 1, 3 at step 2, rank 2 at step 3, behind the others' 4"
+    )
+    assert behind({0: 7, 1: 7}) == "every rank at step 7"
+    assert behind({0: 7, 1: None, 2: None}) == "rank 0 at step 7; ranks 1, 2 never stepped"

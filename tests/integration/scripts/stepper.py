@@ -28,7 +28,7 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-extra", type=float, default=0.2)
     p.add_argument("--slow-steps", type=int, default=0, help="slow only for its first N steps")
-    p.add_argument("--print-rank", type=int, default=-1, help="prints forever after its steps")
+    p.add_argument("--print-rank", type=int, default=-1, help="one step less, then prints forever")
     p.add_argument("--exit", action="store_true", help="exit 0 after the steps")
     p.add_argument("--in-child", action="store_true", help="a child of the rank steps")
     args = p.parse_args()
@@ -39,7 +39,8 @@ def main() -> None:
         os._exit(os.waitstatus_to_exitcode(os.wait()[1]))
     status(f"rank {rank} warming up")
     extra = args.slow_extra if rank == args.slow_rank else 0.0
-    for n in range(1, args.steps + 1):
+    steps = args.steps - 1 if rank == args.print_rank else args.steps  # it falls behind
+    for n in range(1, steps + 1):
         slow = extra if not args.slow_steps or n <= args.slow_steps else 0.0
         time.sleep(args.step_seconds + slow)
         step(n, total=args.steps)
