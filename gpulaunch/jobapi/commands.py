@@ -29,7 +29,7 @@ from gpulaunch.errors import (
     UsageError,
 )
 from gpulaunch.jobapi import filerecord, record, whose
-from gpulaunch.jobapi.stepview import STEP_HEADER, status_lines, step_cells
+from gpulaunch.jobapi.stepview import STEP_HEADER, final_steps, status_lines, step_cells
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.report import count, format_report, format_table, nodes_line
@@ -200,6 +200,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif view.state.ended:
         ended = f", ended {_when(view.ended_at)}" if view.ended_at else ""
         print(format_report(view.report()) + f"\n  ({view.slice}, {view.manager} manager{ended})")
+        for line in final_steps(view.ranks):  # what the ranks said of their steps, if any
+            print("  " + line)
     else:
         print(_live(view))
         if sample is not None:

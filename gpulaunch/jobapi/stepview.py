@@ -34,3 +34,19 @@ def step_cells(steps: StepInfo | None, now: float | None = None) -> tuple[str, .
 def status_lines(ranks: Sequence[RankView]) -> list[str]:
     """Each rank's last STATUS=, one line each."""
     return [f"rank {r.rank}: {r.status_text}" for r in ranks if r.status_text]
+
+
+def final_steps(ranks: Sequence[RankView]) -> list[str]:
+    """An ended job's steps in `status`, one line; [] where no rank reported any."""
+    said = [r for r in ranks if r.steps is not None]
+    if not said:
+        return []
+    words = []
+    for r in said:
+        assert r.steps is not None
+        s = r.steps
+        text = f"rank {r.rank} {s.step}" + ("" if s.total is None else f"/{s.total}")
+        if s.straggled:
+            text += f" (a straggler {s.straggled}x)"
+        words.append(text)
+    return ["steps: " + ", ".join(words)]

@@ -210,6 +210,8 @@ def test_a_straggler_that_catches_up_is_cleared(job: Job) -> None:
     assert int(entries[1]["GPULAUNCH_STEP"]) <= 20 + 10 + 2, entries  # 10 steps at pace
     steps = recorded_steps(job)
     assert steps[1]["straggler"] is False and steps[1]["straggled"] == 1, steps
+    ended = gl(job, "status", job.id, timeout=60).stdout
+    assert "steps: rank 0 50/50, rank 1 50/50 (a straggler 1x), rank 2 50/50" in ended, ended
     assert_clean(job)
 
 
