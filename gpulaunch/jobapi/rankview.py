@@ -49,7 +49,7 @@ class RankView:
     usage: RankUsage | None = None
     oom: OomKill | None = None
     core_dumped: bool = False
-    # What it said through the progress channel (jobapi/stepview.py: the bus's `Steps`).
+    # What it said through the progress channel (below: the bus's `Steps`, the JSON).
     steps: StepInfo | None = None
     status_text: str = ""
 
