@@ -46,6 +46,16 @@ class RankSpec:
 
 
 @dataclass(frozen=True)
+class StragglerRule:
+    """--straggler-factor, --straggler-steps: a rank whose step time stays above `factor`
+    times the median of the others' for `steps` steps is a straggler, until it keeps up
+    for as many steps (gpulaunch/progress/stragglers.py)."""
+
+    factor: float = 1.5
+    steps: int = 10
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """Everything `gpulaunch start` decided before starting anything."""
 
@@ -67,6 +77,7 @@ class JobSpec:
     node_config: NodeConfig | None = None  # multi-node: how this node joins the others
     layout: Layout | None = None  # multi-node: where the rendezvous put this node
     signal_whole_rank: bool = False  # SIGUSR1/2 to every process of a rank, not only its main
+    stragglers: StragglerRule = StragglerRule()  # --straggler-factor, --straggler-steps
 
 
 class RankState(enum.StrEnum):
@@ -229,6 +240,7 @@ class StepInfo:
     steps_per_second: float | None  # None until two steps were seen
     step_seconds: float | None  # the recent mean time of one step
     straggler: bool = False  # its step time stays above the others' (--straggler-*)
+    straggled: int = 0  # how many times it was flagged a straggler (this attempt)
 
     def eta_seconds(self) -> float | None:
         """Seconds until `total` at the current rate, where both are known."""

@@ -23,6 +23,7 @@ from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
 from gpulaunch.recovery.options import add_recovery_options, recovery_options
+from gpulaunch.progress.options import add_straggler_options, straggler_rule
 from gpulaunch.units.templates import units_dir_problem
 
 
@@ -184,6 +185,7 @@ def add_torchrun_options(p: argparse.ArgumentParser) -> None:
     )
     add_recovery_options(p)
     _add_node_options(p)
+    add_straggler_options(p)
     for flags in TORCHRUN_ONLY:
         p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
 
@@ -442,6 +444,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         wait_for_gpus=args.wait_for_gpus,
         allow_busy_gpus=args.allow_busy_gpus,
         recovery=recovery_options(args),
+        stragglers=straggler_rule(args),
     )
 
 

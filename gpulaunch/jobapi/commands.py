@@ -29,6 +29,7 @@ from gpulaunch.errors import (
     UsageError,
 )
 from gpulaunch.jobapi import filerecord, record, whose
+from gpulaunch.jobapi.stepview import STEP_HEADER, final_steps, status_lines, step_cells
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
 from gpulaunch.report import count, format_report, format_table, nodes_line
@@ -199,6 +200,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif view.state.ended:
         ended = f", ended {_when(view.ended_at)}" if view.ended_at else ""
         print(format_report(view.report()) + f"\n  ({view.slice}, {view.manager} manager{ended})")
+        for line in final_steps(view.ranks):  # what the ranks said of their steps, if any
+            print("  " + line)
     else:
         print(_live(view))
         if sample is not None:
@@ -308,7 +311,9 @@ def _live(view: JobView) -> str:
         f"in {view.slice} "
         f"({view.manager} manager, watcher pid {view.watcher_pid}, uid {view.owner})"
     )
-    rows = [("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")]
+    header = ("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")
+    stepping = any(r.steps is not None for r in view.ranks)  # gpulaunch/progress/
+    rows: list[tuple[str, ...]] = [header + STEP_HEADER if stepping else header]
     for r in view.ranks:
         ex = r.result().exit
         ended = r.status >= 0
@@ -322,6 +327,7 @@ def _live(view: JobView) -> str:
                 ex.describe() if ended and ex is not None else "-",
                 ("stopped" if r.stopped_by_watcher else "exited") if ended else "-",
                 format_duration(r.runtime) if ended else "-",
+                *(step_cells(r.steps) if stepping else ()),
             )
         )
     lines = [head]
@@ -329,7 +335,8 @@ def _live(view: JobView) -> str:
         lines.append("  " + nodes_line(view.layout))
     if view.node_failure is not None:
         lines.append(f"  the job's first failure: {view.node_failure.describe()}")
-    return "\n".join(lines + ["  " + line for line in format_table(rows).splitlines()])
+    lines += ["  " + line for line in format_table(rows).splitlines()]
+    return "\n".join(lines + ["  " + line for line in status_lines(view.ranks)])
 
 
 def cmd_signal(args: argparse.Namespace) -> int:

@@ -150,7 +150,7 @@ class JobPublisher:
         self._job = job
         if self._bus is None:
             return
-        self._dirty.update(("Ranks",) if rank is not None else ("State", "Ranks"))
+        self._dirty.update(("Ranks",) if rank is not None else ("State", "Ranks", "Stragglers"))
         if rank is not None and rank.exit is not None and not rank.state.alive:
             self._flush()  # the property first, so a reader woken by the signal sees it
             self._signal_rank_exited(rank)

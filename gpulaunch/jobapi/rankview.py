@@ -6,11 +6,20 @@ only at the bus.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpulaunch.model import OomKill, RankExit, RankProgress, RankResult, RankState, RankUsage
+from gpulaunch.model import (
+    OomKill,
+    RankExit,
+    RankProgress,
+    RankResult,
+    RankState,
+    RankUsage,
+    StepInfo,
+)
 
 RANK_SIGNATURE = "(iisusiibid)"
 RANK_END_SIGNATURE = "(ibxxs)"  # RankView.end_wire
@@ -40,6 +49,9 @@ class RankView:
     usage: RankUsage | None = None
     oom: OomKill | None = None
     core_dumped: bool = False
+    # What it said through the progress channel (below: the bus's `Steps`, the JSON).
+    steps: StepInfo | None = None
+    status_text: str = ""
 
     def end_wire(self) -> list[Any] | None:
         """What the Ranks struct lacks of how it ended: `(ibxxs)` rank, core dumped, the OOM
@@ -102,6 +114,8 @@ class RankView:
             usage=RankUsage(**usage) if isinstance(usage, dict) else None,
             oom=OomKill(**oom) if isinstance(oom, dict) else None,
             core_dumped=bool(obj.get("core_dumped", False)),
+            steps=steps_from_json(obj.get("steps")),
+            status_text=str(obj.get("status_text") or ""),
         )
 
     @classmethod
@@ -121,6 +135,8 @@ class RankView:
             usage=None if ex is None else ex.usage,
             oom=None if ex is None else ex.oom,
             core_dumped=ex is not None and ex.core_dumped,
+            steps=rank.steps,
+            status_text=rank.status_text or "",
         )
 
     def result(self) -> RankResult:
@@ -168,4 +184,95 @@ def ranks_json(rank: RankView) -> dict[str, Any]:
     out["usage"] = None if rank.usage is None else dataclasses.asdict(rank.usage)
     out["oom"] = None if rank.oom is None else dataclasses.asdict(rank.oom)
     out["core_dumped"] = rank.core_dumped
+    out["steps"] = steps_json(rank.steps, live=not ended)
+    out["status_text"] = rank.status_text or None
     return out
+
+
+# -- what ranks said of their steps (gpulaunch/progress/, docs/progress.md) -----------
+#
+# `at`, the time of a rank's last step, is the watcher's CLOCK_MONOTONIC: one clock for the
+# whole machine, so a reader on it computes the seconds since then itself.
+
+# rank, step, total (-1: unknown), at (monotonic seconds), steps per second (-1: unknown),
+# seconds of one step (-1: unknown), straggler now, times flagged, its last STATUS=
+STEPS_SIGNATURE = "(ixxdddbus)"
+
+
+def steps_wire(rank: RankView) -> list[Any] | None:
+    """The rank's `Steps` entry; None where it said nothing."""
+    s = rank.steps
+    if s is None and not rank.status_text:
+        return None
+    if s is None:
+        return [rank.rank, -1, -1, 0.0, -1.0, -1.0, False, 0, rank.status_text]
+    return [
+        rank.rank,
+        s.step,
+        -1 if s.total is None else s.total,
+        s.at,
+        -1.0 if s.steps_per_second is None else s.steps_per_second,
+        -1.0 if s.step_seconds is None else s.step_seconds,
+        s.straggler,
+        s.straggled,
+        rank.status_text,
+    ]
+
+
+def from_wire(wire: Sequence[Any]) -> tuple[int, StepInfo | None, str]:
+    """A `Steps` entry: its rank, its steps (None: it reported none) and its status text."""
+    rank, step, total, at, rate, seconds, straggler, straggled, text = wire
+    if step < 0:
+        return int(rank), None, str(text)
+    info = StepInfo(
+        step=int(step),
+        total=None if total < 0 else int(total),
+        at=float(at),
+        steps_per_second=None if rate < 0 else float(rate),
+        step_seconds=None if seconds < 0 else float(seconds),
+        straggler=bool(straggler),
+        straggled=int(straggled),
+    )
+    return int(rank), info, str(text)
+
+
+def steps_json(steps: StepInfo | None, live: bool) -> dict[str, Any] | None:
+    """A rank's `steps` in JSON; `seconds_since_step` only while the job runs."""
+    if steps is None:
+        return None
+    return {
+        "step": steps.step,
+        "total": steps.total,
+        "steps_per_second": steps.steps_per_second,
+        "step_seconds": steps.step_seconds,
+        "seconds_since_step": max(0.0, time.monotonic() - steps.at) if live else None,
+        "eta_seconds": steps.eta_seconds() if live else None,
+        "straggler": steps.straggler,
+        "straggled": steps.straggled,
+        "at_monotonic": steps.at,
+    }
+
+
+def steps_from_json(obj: Mapping[str, Any] | None) -> StepInfo | None:
+    if not isinstance(obj, Mapping):
+        return None
+    return StepInfo(
+        step=int(obj["step"]),
+        total=obj.get("total"),
+        at=float(obj.get("at_monotonic", 0.0)),
+        steps_per_second=obj.get("steps_per_second"),
+        step_seconds=obj.get("step_seconds"),
+        straggler=bool(obj.get("straggler", False)),
+        straggled=int(obj.get("straggled", 0)),
+    )
+
+
+def with_steps(ranks: Sequence[RankView], wire: Sequence[Sequence[Any]]) -> tuple[RankView, ...]:
+    """`ranks` with what the bus's `Steps` says of them."""
+    said = {rank: (info, text) for rank, info, text in map(from_wire, wire)}
+    return tuple(
+        dataclasses.replace(r, steps=said[r.rank][0], status_text=said[r.rank][1])
+        if r.rank in said
+        else r
+        for r in ranks
+    )

@@ -14,18 +14,17 @@ shape a job has on the bus, in the record and in `gpulaunch status`.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import pwd
-import socket
-import struct
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpulaunch.base.journald import JOURNAL_SOCKET as JOURNAL_SOCKET  # their home
+from gpulaunch.base.journald import encode as encode
+from gpulaunch.base.journald import send as send
 from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import UnavailableError, UnknownJobError
 from gpulaunch.jobapi import whose
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 
 
 MESSAGE_ID = "74b8d59289c14f16ad639b2abe1d2863"
-JOURNAL_SOCKET = "/run/systemd/journal/socket"
 _PREFIX = "GPULAUNCH_"
 
 
@@ -97,39 +95,6 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "CAUSE_ERROR", view.cause_error))
         out.append((_PREFIX + "CAUSE_ERROR_SOURCE", view.cause_error_source))
     return out
-
-
-def encode(entry: Iterable[tuple[str, str]]) -> bytes:
-    """The native protocol: `KEY=value\\n`; with newlines in it `KEY\\n<u64le length>value\\n`."""
-    out = bytearray()
-    for key, value in entry:
-        data = value.encode("utf-8", "surrogateescape")
-        if b"\n" in data:
-            out += key.encode() + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
-        else:
-            out += key.encode() + b"=" + data + b"\n"
-    return bytes(out)
-
-
-def send(data: bytes, path: str = JOURNAL_SOCKET) -> None:
-    """Hand one entry to journald; raises OSError if it cannot be delivered."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.sendto(data, path)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
-                raise
-        # Too big for one datagram: pass a sealed memfd holding the entry.
-        fd = os.memfd_create("gpulaunch-record", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.write(fd, data)
-            seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
-            sock.sendmsg([], rights, 0, path)
-        finally:
-            os.close(fd)
 
 
 class Recorder:

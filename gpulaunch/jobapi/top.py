@@ -17,8 +17,10 @@ import time
 
 from gpulaunch.errors import UnknownJobError
 from gpulaunch.jobapi.client import JobClient, run
+from gpulaunch.jobapi.stepview import STEP_HEADER, step_cells
 from gpulaunch.jobapi.targets import targets
 from gpulaunch.jobapi.view import JobView, bus_title
+from gpulaunch.report import format_table
 from gpulaunch.resources.nvml import Gpus, open_gpus
 from gpulaunch.resources.sample import JobSample, Sampler
 from gpulaunch.resources.view import render
@@ -29,6 +31,15 @@ def title(view: JobView) -> str:
         f"job {view.job}: {view.state.value}, {len(view.ranks)} ranks in {view.slice} "
         f"({view.manager} manager, watcher pid {view.watcher_pid})"
     )
+
+
+def steps_table(view: JobView) -> str:
+    """What its ranks said of their steps (gpulaunch/progress/), below the title; "": none."""
+    if not any(r.steps is not None or r.status_text for r in view.ranks):
+        return ""
+    rows: list[tuple[str, ...]] = [("rank", *STEP_HEADER, "status")]
+    rows += [(str(r.rank), *step_cells(r.steps), r.status_text or "-") for r in view.ranks]
+    return "\n" + format_table(rows, indent="  ")
 
 
 class Top:
@@ -53,7 +64,7 @@ class Top:
         jobs: list[tuple[str, JobSample]] = []
         for view in views:
             ranks, known = targets(view)
-            jobs.append((title(view), self.sampler.sample(ranks, known)))
+            jobs.append((title(view) + steps_table(view), self.sampler.sample(ranks, known)))
         where = bus_title(self.client.manager)
         if not jobs:
             footer = f"no job {self.job!r} on {where}" if self.job else f"no jobs on {where}"

@@ -30,9 +30,9 @@ from gpulaunch.jobapi.rankview import (  # RankView's home; also importable from
     RANK_END_SIGNATURE as RANK_END_SIGNATURE,
 )
 from gpulaunch.jobapi.rankview import RANK_SIGNATURE as RANK_SIGNATURE
+from gpulaunch.jobapi.rankview import STEPS_SIGNATURE, steps_wire, with_ends, with_steps
 from gpulaunch.jobapi.rankview import RankView as RankView
 from gpulaunch.jobapi.rankview import ranks_json as ranks_json
-from gpulaunch.jobapi.rankview import with_ends
 from gpulaunch.model import (
     Cause,
     GpuUse,
@@ -295,6 +295,8 @@ class JobView:
             "CauseWhat": ("s", self.cause_what),
             "LastOutput": ("at", list(self.last_output)),
             "RankEnds": ("a" + RANK_END_SIGNATURE, [e for r in self.ranks if (e := r.end_wire())]),
+            "Steps": ("a" + STEPS_SIGNATURE, [w for r in self.ranks if (w := steps_wire(r))]),
+            "Stragglers": ("ai", [r.rank for r in self.ranks if r.steps and r.steps.straggler]),
         }
 
     @classmethod
@@ -309,7 +311,7 @@ class JobView:
             watcher_pid=int(props["WatcherPID"]),
             state=JobState(props["State"]),
             world_size=int(props["WorldSize"]),
-            ranks=with_ends(ranks, props.get("RankEnds", ())),
+            ranks=with_steps(with_ends(ranks, props.get("RankEnds", ())), props.get("Steps", ())),
             status=int(props["Status"]),
             cause=str(props["Cause"]),
             cause_rank=int(props["CauseRank"]),

@@ -23,7 +23,7 @@ from pathlib import Path
 from gpulaunch.base.names import UnitNames, validate_job_id
 from gpulaunch.base.protocol import Layout, NodeConfig
 from gpulaunch.errors import UsageError
-from gpulaunch.model import JobSpec, Manager, RankSpec, SupervisorKind
+from gpulaunch.model import JobSpec, Manager, RankSpec, StragglerRule, SupervisorKind
 from gpulaunch.plan.environment import RankPlace, rank_environment
 from gpulaunch.plan.gpus import visible_pool
 from gpulaunch.plan.leaserequest import LeaseRequest
@@ -89,6 +89,7 @@ class StartOptions:
     wait_for_gpus: bool = False
     allow_busy_gpus: bool = False  # the health gate lets a GPU with others' memory pass
     recovery: RecoveryOptions = RecoveryOptions()  # restarts by class, preemption (recovery/)
+    stragglers: StragglerRule = StragglerRule()  # --straggler-factor, --straggler-steps
 
 
 def job_stem(script: str) -> str:
@@ -275,6 +276,7 @@ def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
         node_config=node_config,
         layout=layout,
         signal_whole_rank=opts.signal_whole_rank,
+        stragglers=opts.stragglers,
     )
 
 

@@ -4,6 +4,10 @@ The decisions are debug/hang.py's; this module runs them on the watcher's loop:
 one `call_at` deadline at a time (never more often than every half timeout),
 CPU read at the deadline, and py-spy run as asyncio subprocesses, so signals
 and exits are handled while the stacks are taken.
+
+Where ranks report steps (gpulaunch/progress/), only a step is a sign of life:
+the job hangs when no rank stepped for the timeout, whatever they print or
+compute, and the deadline is exactly the last step plus the timeout.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from pathlib import Path
 
 from gpulaunch.debug.hang import HangClock, cpu_seconds, hang_summary
 from gpulaunch.debug.stacks import RankStacks, dump_ranks, find_pyspy, format_stacks
+from gpulaunch.model import StepInfo
+from gpulaunch.progress.behind import behind
 from gpulaunch.watcher.ranks import Rank
+
+HUNG = "the job hung (--hang-timeout)"
 
 STACK_FRAMES = 12  # frames per thread in the report (the file has all of them)
 REPORT_MAX = 16 << 10  # characters of stacks in the report
@@ -43,6 +51,7 @@ class HangWatch:
         self.stacks: str | None = None  # the report's bounded text
         self._timer: asyncio.TimerHandle | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
+        self.say: Callable[[str], None] = lambda text: None  # a line on the terminal
         if timeout is not None or dump_stacks:
             # checked before the job starts (by start.py, or here): one line if missing
             self.pyspy = pyspy or find_pyspy()
@@ -51,17 +60,29 @@ class HangWatch:
         self,
         aio: asyncio.AbstractEventLoop,
         ranks: Callable[[], Sequence[Rank]],
-        on_hung: Callable[[], None],
+        on_hung: Callable[[str], None],
     ) -> None:
-        """The ranks run: arm the first deadline."""
+        """The ranks run: arm the first deadline. `on_hung` gets the reason."""
         self.cancel()
         if self.timeout is None:
             return
-        self._aio = aio
+        self._aio, timeout = aio, self.timeout
         clock = HangClock(self.timeout, self.clock())
 
         def check() -> None:
             now = self.clock()
+            stepped = last_step(ranks(), clock.started)
+            if stepped is not None:  # the ranks report steps: nothing else is progress
+                at = stepped[1].at
+                if now < at + timeout:
+                    self._timer = aio.call_at(aio.time() + (at + timeout - now), check)
+                    return
+                self.hung_at = now
+                where = behind({r.spec.rank: r.steps.step if r.steps else None for r in ranks()})
+                why = f"no rank stepped for {now - at:.1f} s ({where})"
+                self.say(f"gpulaunch: job hung (--hang-timeout {timeout:g}): {why}")
+                on_hung(f"{HUNG}: {why}")
+                return
             cpu = {
                 r.spec.rank: seconds
                 for r in ranks()
@@ -72,7 +93,7 @@ class HangWatch:
             due = clock.check(now, self.last_output(), cpu)
             if due is None:
                 self.hung_at = now
-                on_hung()
+                on_hung(HUNG)
             else:
                 self._timer = aio.call_at(aio.time() + (due - now), check)
 
@@ -104,3 +125,12 @@ class HangWatch:
         except OSError as exc:  # the report still has them
             where = f"could not write {self.stacks_file}: {exc.strerror}"
         self.stacks = f"{short}\n({where})"
+
+
+def last_step(ranks: Sequence[Rank], since: float) -> tuple[int, StepInfo] | None:
+    """The rank that stepped last since `since` (this attempt), and its steps; None: none."""
+    steps = [(r.steps, r.spec.rank) for r in ranks if r.steps is not None and r.steps.at >= since]
+    if not steps:
+        return None
+    info, rank = max(steps, key=lambda s: s[0].at)
+    return rank, info

@@ -39,6 +39,7 @@ from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.recovery.settings import RecoveryOptions
 from gpulaunch.recovery.tracker import Recovery
+from gpulaunch.progress.channel import ProgressChannel
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
@@ -105,6 +106,7 @@ class Watcher(EventLoop):
         self.usage = UsageReader(spec)  # what each rank used, read as it ends
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
         self.recovery = Recovery(spec.max_restarts, recovery or RecoveryOptions())
+        self.steps = ProgressChannel(spec, lambda: self.ranks, self.output.message, journal)
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
@@ -134,6 +136,7 @@ class Watcher(EventLoop):
             )
             self._written = stack.enter_context(ErrorFileWatch())
             self._watch(self._written.fileno(), self._on_error_file)
+            self.steps.attach(stack, self._aio, self._watch, lambda: self._notify(None))
             self.on_created()
             while True:
                 if not self._stopping_asked():
@@ -281,6 +284,7 @@ class Watcher(EventLoop):
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         env.update(self.recovery.rank_environment(self._errors.root))
+        env.update(self.steps.environment())
         out = self.output
         env.update(rank_columns(env, (out.stdout.fd, out.stderr.fd, 0), self.spec.world_size))
 
@@ -288,7 +292,7 @@ class Watcher(EventLoop):
             assert rank.child is not None
             rank.born_at = self.clock()
             self._advance(rank, RankState.HELD)
-            self._watch(rank.child.pidfd, self._exit_handler(rank))
+            self._watch(rank.child.pidfd, lambda: self._on_exit(rank))
 
         death = self.supervisor.parent_death_signal
         live_out_r, live_err_r = fork_rank(rank, env, target, death, born)
@@ -370,11 +374,8 @@ class Watcher(EventLoop):
                 rank.born_at = now
                 self._advance(rank, RankState.RUNNING)
         if self.hang is not None:
-            hung = "the job hung (--hang-timeout)"
-            self.hang.start(self._aio, lambda: self.ranks, lambda: self._stop_after_stacks(hung))
-
-    def _exit_handler(self, rank: Rank) -> Callable[[], None]:
-        return lambda: self._on_exit(rank)
+            self.hang.say = self.output.message
+            self.hang.start(self._aio, lambda: self.ranks, self._stop_after_stacks)
 
     def _pump_handler(self, rank: Rank) -> Callable[[], None]:
         def on_pump_exit() -> None:

@@ -15,6 +15,7 @@ from gpulaunch.model import (
     RankSpec,
     RankState,
     RankUsage,
+    StepInfo,
     check_transition,
 )
 
@@ -37,6 +38,8 @@ class Rank:
     journal_crowded: bool = False  # its pump left lines out: journald was slower than the rank
     pump_hold: int = -1  # write end of the pipe its pump waits on before exiting
     units: bool = True  # its supervisor makes units (systemd); the direct one makes none
+    steps: StepInfo | None = None  # what it said of its steps (gpulaunch/progress/)
+    status_text: str | None = None  # its last STATUS= (gpulaunch/progress/)
 
     @property
     def unit(self) -> str:
@@ -108,6 +111,8 @@ class Rank:
             pid=self.child.pid if self.child is not None else None,
             stop_requested=self.stop_requested,
             exit=self.exit,
+            steps=self.steps,
+            status_text=self.status_text,
         )
 
 

@@ -10,13 +10,15 @@ import gpulaunch
 
 # Lightning's strategy imports Lightning (and torch): only a training script imports it.
 LIGHTNING = "gpulaunch.integrations.lightning"
+LIGHTNING_PROGRESS = "gpulaunch.integrations.progress"  # the progress callback: the same
 
 
 def test_no_gpulaunch_module_but_the_peer_imports_torch() -> None:
     modules = [
         m.name
         for m in pkgutil.walk_packages(gpulaunch.__path__, "gpulaunch.")
-        if m.name not in ("gpulaunch.multinode.peer", "gpulaunch.__main__", LIGHTNING)
+        if m.name
+        not in ("gpulaunch.multinode.peer", "gpulaunch.__main__", LIGHTNING, LIGHTNING_PROGRESS)
     ]
     assert "gpulaunch.watcher.loop" in modules and "gpulaunch.multinode.peerlink" in modules
     code = (

@@ -1,0 +1,83 @@
+"""The progress channel, rank side: tell the watcher of each step (docs/progress.md).
+
+    from gpulaunch.progress import step
+    for n, batch in enumerate(loader, 1):
+        ...
+        step(n, total=len(loader) * epochs)
+
+Each call sends one sd_notify datagram (`X_GPULAUNCH_STEP=N`, ...) to the socket
+`NOTIFY_SOCKET` names, which gpulaunch's watcher gives every rank; without it
+(run by anything else) every call is a no-op. A call never blocks and never
+raises: a datagram the watcher has no room for is dropped (the next step says
+more). Importing this module loads nothing of the launcher (only `os`, `socket`),
+so the rank may import it anywhere; the watcher's side of the channel lives in
+the modules of this folder, which this one never imports.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+__all__ = ["notify", "ready", "status", "step", "watchdog"]
+
+# Our fields of the sd_notify protocol (systemd leaves names starting with X_ to others).
+STEP = "X_GPULAUNCH_STEP"  # the step the rank just finished (a count: 1 after the first)
+TOTAL = "X_GPULAUNCH_TOTAL"  # the steps it expects in all (for an ETA)
+STEP_SECONDS = "X_GPULAUNCH_STEP_SECONDS"  # its own time of that step (straggler test)
+
+_sock: socket.socket | None = None
+_sock_pid = 0  # the pid that opened _sock: a forked child opens its own
+
+
+def _address() -> str | bytes | None:
+    where = os.environ.get("NOTIFY_SOCKET", "")
+    if not where:
+        return None
+    if where.startswith("@"):  # an abstract socket
+        return b"\0" + where[1:].encode()
+    return where if where.startswith("/") else None
+
+
+def notify(text: str) -> bool:
+    """Send one sd_notify datagram (`KEY=VALUE` lines); whether it was sent."""
+    global _sock, _sock_pid
+    address = _address()
+    if address is None:
+        return False
+    try:
+        if _sock is None or _sock_pid != os.getpid():
+            _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            _sock_pid = os.getpid()
+        _sock.sendto(text.encode("utf-8", "replace"), socket.MSG_DONTWAIT, address)
+        return True
+    except OSError:  # the watcher is busy (EAGAIN) or gone: training goes on
+        return False
+
+
+def step(n: int, total: int | None = None, seconds: float | None = None) -> bool:
+    """Step `n` is done (a count that grows: the global step). `total`: the steps the
+    run expects in all, for an ETA. `seconds`: this rank's own time of the step where
+    its wall time says nothing (ranks that wait for each other in a collective all take
+    the slowest one's time: measure up to the collective to find a straggler)."""
+    lines = [f"{STEP}={int(n)}"]
+    if total is not None:
+        lines.append(f"{TOTAL}={int(total)}")
+    if seconds is not None:
+        lines.append(f"{STEP_SECONDS}={float(seconds):.6f}")
+    return notify("\n".join(lines))
+
+
+def status(text: str) -> bool:
+    """A free-form line about the rank (`STATUS=`), shown by `gpulaunch status`."""
+    return notify("STATUS=" + " ".join(text.splitlines()))
+
+
+def ready() -> bool:
+    """The rank finished setting up (`READY=1`)."""
+    return notify("READY=1")
+
+
+def watchdog() -> bool:
+    """The rank is alive (`WATCHDOG=1`); not a step: --hang-timeout counts only steps."""
+    return notify("WATCHDOG=1")
