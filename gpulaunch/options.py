@@ -22,8 +22,8 @@ from gpulaunch.plan.nodes import NodeOptions
 from gpulaunch.plan.placement import Resources
 from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
-from gpulaunch.recovery.options import add_recovery_options, recovery_options
 from gpulaunch.progress.options import add_straggler_options, straggler_rule
+from gpulaunch.recovery.options import add_recovery_options, recovery_options
 from gpulaunch.units.templates import units_dir_problem
 
 

@@ -37,9 +37,9 @@ from gpulaunch.model import (
 from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.plan.environment import attempt_environment
+from gpulaunch.progress.channel import ProgressChannel
 from gpulaunch.recovery.settings import RecoveryOptions
 from gpulaunch.recovery.tracker import Recovery
-from gpulaunch.progress.channel import ProgressChannel
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
