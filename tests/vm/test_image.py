@@ -91,9 +91,9 @@ def run_job(vm: Machine, image: str, job: str, *script_args: str) -> tuple[int, 
     return res.returncode, res.stdout
 
 
-def row(out: str, rank: int) -> str:
-    """The report's row of a rank: `rank unit pid exit how ...`."""
-    found = re.search(rf"^\s+{rank}\s+-\s+\d+\s+(.*)$", out, re.MULTILINE)
+def row(out: str, rank: int, unit: str = "-") -> str:
+    """The report's row of a rank, from its exit on: `rank unit pid exit how ...`."""
+    found = re.search(rf"^\s+{rank}\s+{re.escape(unit)}\s+\d+\s+(.*)$", out, re.MULTILINE)
     assert found, out
     return " ".join(found.group(1).split())
 
@@ -122,3 +122,34 @@ def test_a_failing_rank_stops_the_gang_with_its_status(vm: Machine, image: str) 
     assert f"job {job} failed: rank 1 exit 3 (status 3)" in out, out
     assert row(out, 1).startswith("exit 3 cause"), out
     assert row(out, 0).startswith("SIGTERM stopped"), out  # it slept: the gang stopped it
+
+
+def test_systemd_as_pid_1_runs_the_job_in_scopes(vm: Machine, image: str) -> None:
+    """The recipe's other way: `--systemd=always IMAGE /sbin/init`, then `podman exec`."""
+    job = f"imgs_{uuid.uuid4().hex[:6]}"  # no dash: unit names would escape it
+    name = f"gl-{job}"
+    vm.run(
+        ["podman", "run", "-d", "--name", name, "--network", "host", "--systemd=always",
+         "-v", f"{JOB_DIR}:/srv/job:ro", image, "/sbin/init"],
+        check=True,
+    )  # fmt: skip
+    try:
+        booted = vm.run(  # the container's bus comes up a moment after its PID 1
+            f"for i in $(seq 300); do state=$(podman exec {name} systemctl is-system-running"
+            " --wait 2>/dev/null); case $state in running|degraded) exit 0;; esac; sleep 1;"
+            " done; exit 1",
+            timeout=400,
+        )
+        assert booted.returncode == 0, "systemd in the container did not come up"
+        res = vm.run(
+            f"podman exec -w /srv/job {name} gpulaunch start --job {job} --nproc 2 train.py 2>&1"
+        )
+        out = res.stdout
+        assert res.returncode == 0, out
+        assert f"systemd supervisor (gpulaunch-{job}.slice, system manager)" in out, out
+        assert "[1] rank 1 of 2: /usr/lib/gpulaunch/bin/python; pid 1: /sbin/init" in out, out
+        for rank in (0, 1):
+            assert row(out, rank, f"gpulaunch-{job}-rank{rank}.scope").startswith("exit 0"), out
+        assert f"job {job} succeeded (all 2 ranks exited 0)" in out, out
+    finally:
+        vm.run(f"podman rm -f {name}")
