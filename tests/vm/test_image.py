@@ -83,17 +83,20 @@ def image(vm: Machine, deb: Path) -> Iterator[str]:
     vm.run(f"podman rmi -f {TAG}")
 
 
-def run_job(vm: Machine, image: str, job: str, *script_args: str) -> tuple[int, str]:
+def run_job(
+    vm: Machine, image: str, job: str, *script_args: str, podman: tuple[str, ...] = ()
+) -> tuple[int, str]:
     argv = ["podman", "run", "--rm", "--network", "host", "-v", f"{JOB_DIR}:/srv/job:ro",
-            "-w", "/srv/job", image, "gpulaunch", "start", "--job", job, "--nproc", "2",
-            "train.py", *script_args]  # fmt: skip
+            "-w", "/srv/job", *podman, image, "gpulaunch", "start", "--job", job,
+            "--nproc", "2", "train.py", *script_args]  # fmt: skip
     res = vm.run(shlex.join(argv) + " 2>&1", timeout=600)
     return res.returncode, res.stdout
 
 
-def row(out: str, rank: int, unit: str = "-") -> str:
+def row(out: str, rank: int, unit: str | None = None) -> str:
     """The report's row of a rank, from its exit on: `rank unit pid exit how ...`."""
-    found = re.search(rf"^\s+{rank}\s+{re.escape(unit)}\s+\d+\s+(.*)$", out, re.MULTILINE)
+    name = r"\S+" if unit is None else re.escape(unit)
+    found = re.search(rf"^\s+{rank}\s+{name}\s+\d+\s+(\D.*)$", out, re.MULTILINE)
     assert found, out
     return " ".join(found.group(1).split())
 
@@ -115,9 +118,17 @@ def test_the_example_image_runs_a_job(vm: Machine, image: str) -> None:
     assert "OMP_NUM_THREADS" not in out, out  # the image's ENV sets it
 
 
-def test_a_failing_rank_stops_the_gang_with_its_status(vm: Machine, image: str) -> None:
+@pytest.mark.parametrize("cgroup", ["ro", "unmasked"])
+def test_a_failing_rank_stops_the_gang_with_its_status(
+    vm: Machine, image: str, cgroup: str
+) -> None:
+    """With podman's default read-only cgroup (process groups), and with it made writable
+    as the recipe says (a cgroup per rank, cgroup.kill)."""
     job = f"imgf-{uuid.uuid4().hex[:6]}"
-    status, out = run_job(vm, image, job, "--fail")
+    unmask = ("--security-opt", "unmask=/sys/fs/cgroup") if cgroup == "unmasked" else ()
+    status, out = run_job(vm, image, job, "--fail", podman=unmask)
+    way = "cgroup /sys/fs/cgroup/gpulaunch-" if unmask else "process groups"
+    assert f"job {job}: direct supervisor ({way}" in out, out
     assert status == 3, out  # the container's status is the failing rank's
     assert f"job {job} failed: rank 1 exit 3 (status 3)" in out, out
     assert row(out, 1).startswith("exit 3 cause"), out
