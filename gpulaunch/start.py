@@ -313,9 +313,7 @@ def _contain(
     spec = job.spec
     chosen = open_supervisor(opts.supervisor, spec, job.units, os.environ, stack, warn)
     if gate is not None:  # each restart's ranks pass the gate too (--max-restarts)
-        from gpulaunch.leases.health import gate_restarts
-
-        gate_restarts(chosen.supervisor, gate)
+        chosen.supervisor.restart_check = gate.check
     direct = chosen.supervisor.name == "direct"
     if entry.no_bus and not direct:
         warn(entry.no_bus)

@@ -20,21 +20,12 @@ import importlib
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from gpulaunch.errors import GpulaunchError, UnavailableError
 from gpulaunch.model import JobSpec
 from gpulaunch.plan.gpus import Gpu
 from gpulaunch.plan.spec import StartOptions
-
-
-class _Placing(Protocol):
-    """What the gate needs of a supervisor (gpulaunch/supervisor/__init__.py's seam)."""
-
-    async def renew_gang(self) -> None: ...
-
-    def place(self, index: int, pids: Sequence[int]) -> None: ...
-
 
 UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 VOLATILE = 0  # NVML_VOLATILE_ECC: since the driver loaded
@@ -209,33 +200,6 @@ def _optional(fn: Any) -> Any:
         if getattr(exc, "value", None) == 15:  # NVML_ERROR_GPU_IS_LOST
             raise
         return None
-
-
-def gate_restarts(supervisor: _Placing, gate: Gate) -> None:
-    """Check the gate before the ranks of each restart are placed (--max-restarts).
-
-    After `renew_gang` (a restart), the first rank's `place` raises UnhealthyGpuError for a
-    GPU not fit: the watcher takes it as that attempt's start error, stops the gang and
-    ends the job with this line, as for any failed start. Wrapped here, not in the watcher,
-    which knows nothing of GPUs.
-    """
-    renew, place = supervisor.renew_gang, supervisor.place
-    renewed = False
-
-    async def renew_gang() -> None:
-        nonlocal renewed
-        renewed = True
-        await renew()
-
-    def placed(rank: int, pids: Sequence[int]) -> None:
-        nonlocal renewed
-        place(rank, pids)  # contained first: the watcher stops it with the others
-        if renewed:
-            renewed = False
-            gate.check()
-
-    setattr(supervisor, "renew_gang", renew_gang)  # noqa: B010 (mypy: no method assignment)
-    setattr(supervisor, "place", placed)  # noqa: B010
 
 
 def open_gate(opts: StartOptions, spec: JobSpec) -> Gate | None:

@@ -57,6 +57,7 @@ from gpulaunch.supervisor import SupervisorEvents, Watch
 from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.keeper import KeeperLink, remove_tree
 from gpulaunch.supervisor.pgroups import Proc, descendants, reap_adopted, signal_all
+from gpulaunch.supervisor.restartcheck import RestartCheck
 
 CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed ranks to leave their cgroups at the end
 PDEATHSIG_LINE = "watcher SIGKILLed → ranks killed by the kernel (PDEATHSIG)"
@@ -66,7 +67,7 @@ KEEPER_LINE = (
 )
 
 
-class _Direct:
+class _Direct(RestartCheck):
     """What both direct supervisors share: the grace timer and the events."""
 
     name = "direct"
@@ -224,6 +225,7 @@ class CgroupSupervisor(_Direct):
             self.job.set("memory.max", self.spec.job_memory_max)
 
     async def renew_gang(self) -> None:
+        self._gang_renewed()
         for index, (cgroup, rank) in enumerate(zip(self.ranks, self.spec.ranks, strict=True)):
             with contextlib.suppress(FileExistsError):
                 cgroup.make()
@@ -246,6 +248,7 @@ class CgroupSupervisor(_Direct):
             )
             return
         self._events.placed(rank, None)
+        self._rank_placed()
 
     def stop_gang(self) -> None:
         self._stopping = True
@@ -344,6 +347,7 @@ class ProcessGroupSupervisor(_Direct):
         self._peer.update(p for p in watcher_pids if p != os.getpid())
 
     async def renew_gang(self) -> None:
+        self._gang_renewed()
         self._rank_pids.clear()
 
     def place(self, rank: int, pids: Sequence[int]) -> None:
@@ -352,6 +356,7 @@ class ProcessGroupSupervisor(_Direct):
         self._rank_pids[rank] = pids[0]
         self._pumps.update(pids[1:])
         self._events.placed(rank, None)
+        self._rank_placed()
 
     @property
     def _ours(self) -> set[int]:

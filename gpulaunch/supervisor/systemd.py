@@ -39,6 +39,7 @@ from gpulaunch.errors import (
 )
 from gpulaunch.supervisor import SupervisorEvents, Watch
 from gpulaunch.supervisor.reach import retry
+from gpulaunch.supervisor.restartcheck import RestartCheck
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
@@ -48,7 +49,7 @@ T = TypeVar("T")
 _SETTLED = "/gpulaunch/settled"
 
 
-class SystemdSupervisor:
+class SystemdSupervisor(RestartCheck):
     """Scopes and slices of the system or a user manager (gpulaunch.supervisor.Supervisor)."""
 
     name = "systemd"
@@ -139,6 +140,7 @@ class SystemdSupervisor:
 
     async def renew_gang(self) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.
+        self._gang_renewed()
         self._gang_stop_asked = False
         await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice.name)
 
@@ -149,6 +151,7 @@ class SystemdSupervisor:
         )
         self._rank_jobs[path] = rank
         self._on_bus()  # signals that arrived during the call wait in sd-bus's queue
+        self._rank_placed()
 
     def _start(self, unit: UnitDefinition, pids: Sequence[int] = ()) -> asyncio.Future[str]:
         return self._start_unit(unit.name, unit.properties, pids)

@@ -102,5 +102,15 @@ tar -C / --one-file-system --exclude=./proc --exclude=./sys --exclude=./dev \
     -cf - . | tar -C /var/lib/sdbox-ct -xf -
 mkdir -p /var/lib/sdbox-ct/proc /var/lib/sdbox-ct/sys /var/lib/sdbox-ct/dev /var/lib/sdbox-ct/tmp
 
+# The same system as a base image in podman's store, for `podman build` without a registry
+# (tests/vm/test_image.py: FROM localhost/sdbox-debian:12): Debian 12 with python3, systemd
+# and dbus, without gpulaunch, its venv and apt's lists. Imported here at native speed; in
+# the VM the import takes about 4 minutes. Nothing of podman's runtime state stays behind.
+tar -C /var/lib/sdbox-ct --exclude=./opt/gpulaunch-venv --exclude=./usr/local/bin/gpulaunch \
+    --exclude='./var/lib/apt/lists/*' --exclude='./var/cache/apt/*' -cf - . |
+    podman --cgroup-manager=cgroupfs import --change 'CMD ["/bin/bash"]' - localhost/sdbox-debian:12
+podman --cgroup-manager=cgroupfs image exists localhost/sdbox-debian:12
+rm -rf /run/containers /run/libpod /var/tmp/buildah* /var/tmp/storage*
+
 apt-get clean
 rm -rf /var/lib/apt/lists/* /tmp/vm-key.pub

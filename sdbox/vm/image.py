@@ -206,6 +206,9 @@ def _build(work: Path, log: bool) -> None:
     shutil.copy(work / "id_ed25519.pub", tree / "tmp/vm-key.pub")
     shutil.copy(CONFIGURE, tree / "tmp/configure.sh")
     _say(log, "configuring the image (users, network, venv, container rootfs)")
+    # The tree a mount point of its own: podman (configure.sh's import) makes its mounts
+    # private from the root it sees, which must be one.
+    _run(["mount", "--bind", str(tree), str(tree)], "mount the tree", build_log)
     for sub in ("proc", "dev"):
         _run(["mount", "--rbind" if sub == "dev" else "--bind", f"/{sub}", str(tree / sub)],
              f"mount {sub}", build_log)  # fmt: skip
@@ -240,14 +243,14 @@ def _build(work: Path, log: bool) -> None:
 
 
 def _unmount_all(tree: Path) -> None:
-    """Unmount everything mounted under tree (deepest first)."""
+    """Unmount everything mounted under tree, and the tree itself (deepest first)."""
     if not tree.exists():
         return
-    prefix = str(tree.resolve()) + "/"
+    top = str(tree.resolve())
     mounts = [
         line.split()[4]
         for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if line.split()[4].startswith(prefix)
+        if line.split()[4] == top or line.split()[4].startswith(top + "/")
     ]
     for mount in sorted(mounts, key=len, reverse=True):
         subprocess.run(["umount", "-l", mount], check=False, capture_output=True)

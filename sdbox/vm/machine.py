@@ -349,6 +349,17 @@ class Machine:
             raise VMError(f"{local} is not a file")
         self.write(remote, data, user=user, mode=mode)
 
+    def copy(self, local: Path, remote: str, user: str = "root", timeout: float = 600) -> None:
+        """Copy a local file, any bytes (a package, an archive), to remote in the VM, as user."""
+        quoted = shlex.quote(remote)
+        with open(local, "rb") as data:
+            proc = subprocess.run(
+                [*self.ssh_command(user), f"mkdir -p $(dirname {quoted}) && cat > {quoted}"],
+                stdin=data, capture_output=True, timeout=timeout, check=False,
+            )  # fmt: skip
+        if proc.returncode != 0:
+            raise VMError(f"copying {local} to {remote} in the VM failed: {proc.stderr!r}")
+
     def write(self, remote: str, text: str, user: str = "root", mode: int | None = None) -> None:
         """Write text to remote (a path in the VM) as user."""
         quoted = shlex.quote(remote)
