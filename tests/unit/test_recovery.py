@@ -168,7 +168,9 @@ def test_the_deadline_is_written_at_the_notice(tmp_path: Path) -> None:
     assert not path.exists()  # nothing before the notice
     before = time.time()
     assert rec.preempted(signal.SIGTERM, 1.0)
-    assert before + 30 - 0.001 <= float(path.read_text()) <= time.time() + 30  # (ms in the file)
+    assert (
+        before + 30 - 0.001 <= float(path.read_text()) <= time.time() + 30 + 0.001
+    )  # (rounded to ms)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["preempt-deadline"]
 
 
