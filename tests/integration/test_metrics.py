@@ -161,6 +161,51 @@ def test_the_metrics_of_a_running_job_parse_and_match_status_resources(job: Job)
     assert_clean(job)
 
 
+def test_steps_from_the_progress_channel_are_in_the_metrics_as_in_status(job: Job) -> None:
+    """The two halves of issue 26 together: ranks that report steps through
+    gpulaunch.progress (one of them slower) show the same step, total and straggler
+    flag in the scrape as in `status --json`."""
+    stepper = str(REPO / "tests" / "integration" / "scripts" / "stepper.py")
+    proc = job.popen(
+        "--nproc",
+        "2",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        script=stepper,
+        script_args=["--steps", "6", "--step-seconds", "0.05"],
+    )
+    try:
+        url = metrics_line(proc).split("metrics at ")[1]
+        for rank in (0, 1):
+            job.wait_file(f"rank{rank}.done", timeout=120)
+
+        def both_at_six() -> Samples | None:
+            got = samples(scrape(job, url)[1])
+            steps = [value(got, "gpulaunch_rank_step", rank=str(r)) for r in (0, 1)]
+            return got if steps == [6, 6] else None
+
+        wait_until(lambda: both_at_six() is not None, 30, "step 6 of both ranks in the scrape")
+        got = both_at_six()
+        assert got is not None
+        status = gl(job, "status", job.id, "--json")
+        assert status.returncode == 0, status.stderr
+        for r in json.loads(status.stdout)["ranks"]:
+            labels = {"job": job.id, "rank": str(r["rank"])}
+            steps = r["steps"]
+            assert value(got, "gpulaunch_rank_step", **labels) == steps["step"] == 6
+            assert value(got, "gpulaunch_rank_steps_expected", **labels) == steps["total"] == 6
+            assert value(got, "gpulaunch_rank_straggler", **labels) == float(steps["straggler"])
+            rate = value(got, "gpulaunch_rank_steps_per_second", **labels)
+            assert rate is not None and rate > 0
+            since = value(got, "gpulaunch_rank_last_step_age_seconds", **labels)
+            assert since is not None and since >= 0
+    finally:
+        gl(job, "stop", job.id)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 143, proc.returncode
+    assert_clean(job)
+
+
 def test_a_metrics_port_in_use_is_one_line_and_leaves_nothing(job: Job) -> None:
     proc = job.popen("--nproc", "1", "--metrics-listen", "127.0.0.1:0", script=SCRIPT)
     try:
