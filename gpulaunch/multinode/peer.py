@@ -162,6 +162,7 @@ class Peer:
         node_rank, nnodes = info.rank, info.world_size
         store = self._client(timeout=self.join_timeout)
         me = {"host": self.host, "nproc": cfg.nproc, "pid": os.getppid()}
+        store.add(f"hb/{node_rank}", 0)  # before we announce: every node's counter exists
         store.set(f"node/{node_rank}", json.dumps(me))
         keys = [f"node/{n}" for n in range(nnodes)]
         store.wait(keys)
@@ -247,18 +248,20 @@ class Peer:
         while True:  # a timer, on purpose: silence is what it detects
             time.sleep(cfg.heartbeat_interval)
             store.add(f"hb/{me}", 1)
+            if not watched:
+                continue
             now = time.monotonic()
-            for n in list(watched):
-                if store.check([f"done/{n}"]):
-                    watched.remove(n)
-                    continue
-                count = store.add(f"hb/{n}", 0)
-                last = seen.get(n)
+            # One round trip however many nodes node 0 watches (their counters exist
+            # since the rendezvous); only a counter that stood still costs another.
+            counts = store.multi_get([f"hb/{n}" for n in watched])
+            for n, raw in zip(list(watched), counts, strict=True):
+                count, last = int(raw), seen.get(n)
                 if last is None or last[0] != count:
                     seen[n] = (count, now)
                 elif now - last[1] > cfg.heartbeat_timeout:
                     watched.remove(n)
-                    self._declare_lost(store, layout.nodes[n], now - last[1])
+                    if not store.check([f"done/{n}"]):  # a node that finished beats no more
+                        self._declare_lost(store, layout.nodes[n], now - last[1])
 
     def _heartbeat_stopped(self, connected: bool, exc: Exception) -> None:
         """Tell the watcher (it stops this node's ranks), then the other nodes if we can.

@@ -128,16 +128,18 @@ def door(store: tuple[subprocess.Popen[str], int]) -> Iterator[Door]:
         shut.close()
 
 
-def peer_of(port: int, join_timeout: float = 30.0) -> tuple[Peer, socket.socket]:
-    """Node 1 of two, joined (its layout given), and the watcher's end of its link."""
+def peer_of(
+    port: int, join_timeout: float = 30.0, node_rank: int = 1, nnodes: int = 2
+) -> tuple[Peer, socket.socket]:
+    """A node of the job, joined (its layout given), and the watcher's end of its link."""
     config = NodeConfig(
         backend=Backend.STATIC,
         endpoint=f"127.0.0.1:{port}",
         run_id="r1",
-        nnodes=2,
+        nnodes=nnodes,
         nproc=1,
         job="j",
-        node_rank=1,
+        node_rank=node_rank,
         rdzv_conf=(("join_timeout", str(join_timeout)),),
         heartbeat_interval=0.1,
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
@@ -145,17 +147,17 @@ def peer_of(port: int, join_timeout: float = 30.0) -> tuple[Peer, socket.socket]
     ours, theirs = socket.socketpair()
     peer = Peer(config, theirs)
     peer.layout = Layout(
-        node_rank=1,
-        nnodes=2,
-        world_size=2,
+        node_rank=node_rank,
+        nnodes=nnodes,
+        world_size=nnodes,
         master_addr="127.0.0.1",
         master_port=port,
         use_agent_store=False,
         run_id="r1",
         endpoint=config.endpoint,
-        nodes=(
-            NodeInfo(node=0, host="127.0.0.1", first_rank=0, nproc=1, pid=1),
-            NodeInfo(node=1, host="127.0.0.2", first_rank=1, nproc=1, pid=2),
+        nodes=tuple(
+            NodeInfo(node=n, host=f"127.0.0.{n + 1}", first_rank=n, nproc=1, pid=n + 1)
+            for n in range(nnodes)
         ),
     )
     return peer, ours
@@ -250,3 +252,47 @@ def test_store_gone_is_told_by_the_cause_watch_not_the_heartbeat(
     link.settimeout(0.5)
     with pytest.raises(TimeoutError):
         link.recv(65536)
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_node_0_finds_the_silent_node_among_many(
+    store: tuple[subprocess.Popen[str], int], finished: bool
+) -> None:
+    """Node 0 reads every counter at once; a silent node is lost unless it finished."""
+    proc, port = store
+    nnodes = 50
+    peer, _ = peer_of(port, node_rank=0, nnodes=nnodes)
+    others = peer._client(timeout=30.0)
+    for n in range(nnodes):  # what every node's rendezvous leaves
+        others.add(f"hb/{n}", 0)
+    if finished:
+        others.set("done/7", "done")
+    stop = threading.Event()
+
+    def beat_but_7() -> None:
+        while not stop.wait(0.05):
+            for n in range(1, nnodes):
+                if n != 7:
+                    others.add(f"hb/{n}", 1)
+
+    beating, heartbeat = started(beat_but_7), started(peer.heartbeat)
+    # Found within an interval past the timeout; a finished node is given 8 timeouts.
+    deadline = time.monotonic() + (8 * HEARTBEAT_TIMEOUT if finished else 60)
+    lost = False
+    while time.monotonic() < deadline and not lost:
+        lost = others.check(["cause"])
+        time.sleep(0.05)
+    stop.set()
+    beating.join(timeout=30)
+    if finished:
+        assert not lost, others.get("cause")
+    else:
+        cause = json.loads(others.get("cause"))
+        assert cause["node"] == 7 and cause["status"] == NODE_LOST_STATUS
+        assert "no heartbeat" in cause["what"]
+        assert others.get("done/7") == b"lost"
+        assert not others.check(["done/8"])  # the beating ones stay watched
+    peer.finishing.set()
+    proc.kill()
+    heartbeat.join(timeout=30)
+    assert not heartbeat.is_alive()
