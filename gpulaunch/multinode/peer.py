@@ -26,6 +26,7 @@ import datetime
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -51,11 +52,22 @@ from gpulaunch.linux import set_parent_death_signal
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)
+NOFILE_IF_UNLIMITED = 1 << 20  # fs.nr_open's default: an unlimited hard limit is no soft one
 
 
 def die_with_watcher(signum: int) -> None:
     """Until the job's units exist we are nobody's: die with the watcher (0: stop that)."""
     set_parent_death_signal(signum)
+
+
+def take_hard_nofile() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: the store this peer may serve holds a
+    connection per peer (4) and per rank of every node; at the user's usual 1024 it
+    would refuse them beyond about 85 nodes of 8 ranks. The peer starts no process."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else NOFILE_IF_UNLIMITED
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 class UnresolvableHost(Exception):
@@ -354,6 +366,7 @@ def main() -> int:
     die_with_watcher(signal.SIGKILL)
     if os.getppid() != int(sys.argv[2]):  # it died before the line above
         return 1
+    take_hard_nofile()
     config = NodeConfig.from_json(sys.argv[1])
     link = socket.socket(fileno=LINK_FD)
     peer = Peer(config, link)

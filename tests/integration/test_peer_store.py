@@ -296,3 +296,48 @@ def test_node_0_finds_the_silent_node_among_many(
     proc.kill()
     heartbeat.join(timeout=30)
     assert not heartbeat.is_alive()
+
+
+SERVE_MANY = """
+import resource, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from gpulaunch.multinode.peer import take_hard_nofile
+take_hard_nofile()
+from torch._C._distributed_c10d import TCPStore
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(3600)
+"""
+CONNECT_MANY = """
+import datetime, sys
+from torch._C._distributed_c10d import TCPStore
+clients = [
+    TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, wait_for_workers=False,
+             timeout=datetime.timedelta(seconds=30))
+    for _ in range(int(sys.argv[2]))
+]
+for n, client in enumerate(clients):
+    client.set(f"k{n}", "v")
+print(len(clients), flush=True)
+"""
+
+
+def test_the_store_a_peer_serves_takes_connections_beyond_the_users_fd_limit() -> None:
+    """Node 0's store holds 4 connections per node and one per rank: a soft limit of 64
+    (1024 in real life) must not cap the job at a few nodes."""
+    server = subprocess.Popen([sys.executable, "-c", SERVE_MANY], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = server.stdout.readline().strip()
+        assert port, "the store did not start"
+        clients = subprocess.run(
+            [sys.executable, "-c", CONNECT_MANY, port, "150"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert clients.returncode == 0, clients.stderr[-2000:]
+        assert clients.stdout.strip() == "150"
+    finally:
+        server.kill()
+        server.wait()
