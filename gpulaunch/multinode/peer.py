@@ -212,7 +212,7 @@ class Peer:
 
     def watch_cause(self) -> None:
         try:
-            store = self._client(timeout=self.config.heartbeat_timeout)
+            store = self._client(timeout=self.join_timeout)  # slow is not gone
             store.wait(["cause"], FOREVER)
             failure = NodeFailure.from_dict(json.loads(store.get("cause")))
         except Exception:  # noqa: BLE001 - any store error means the store went away
@@ -242,21 +242,34 @@ class Peer:
         )
 
     def heartbeat(self) -> None:
-        """Beat until the job ends; a heartbeat that stops is this node's failure, said."""
+        """Beat until the job ends; a heartbeat that stops is this node's failure, said.
+
+        A slow store is no lost node: an answer later than the heartbeat timeout (node
+        0 on a loaded machine) costs a new connection (the late answer would still come
+        on the old one), not the job; silence is judged by the counters alone.
+        """
+        from torch.distributed import DistStoreError  # a timeout; the store gone is another
+
+        assert self.layout is not None
+        me = self.layout.node_rank
+        watched = [n for n in range(self.layout.nnodes) if n != me and (me == 0 or n == 0)]
+        seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
         connected = False
         try:
-            store = self._client(timeout=self.config.heartbeat_timeout)
-            connected = True
-            self._beat(store)
+            while True:
+                store = self._client(timeout=self.config.heartbeat_timeout)
+                connected = True
+                try:
+                    self._beat(store, watched, seen)
+                except DistStoreError:
+                    continue
         except Exception as exc:  # noqa: BLE001 - whatever stopped it, the job must hear
             self._heartbeat_stopped(connected, exc)
 
-    def _beat(self, store: Any) -> None:
+    def _beat(self, store: Any, watched: list[int], seen: dict[int, tuple[int, float]]) -> None:
         assert self.layout is not None
         layout, cfg = self.layout, self.config
         me = layout.node_rank
-        watched = [n for n in range(layout.nnodes) if n != me and (me == 0 or n == 0)]
-        seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
         while True:  # a timer, on purpose: silence is what it detects
             time.sleep(cfg.heartbeat_interval)
             store.add(f"hb/{me}", 1)
@@ -314,7 +327,7 @@ class Peer:
     def commands(self) -> int:
         """Serve the watcher until it says finish (0) or dies (1)."""
         assert self.layout is not None
-        store = self._client(timeout=self.config.heartbeat_timeout)
+        store = self._client(timeout=self.join_timeout)  # slow is not gone
         me = self.layout.this_node
         buffer = b""
         while True:

@@ -341,3 +341,32 @@ def test_the_store_a_peer_serves_takes_connections_beyond_the_users_fd_limit() -
     finally:
         server.kill()
         server.wait()
+
+
+def test_heartbeat_outlives_an_answer_later_than_its_timeout(
+    store: tuple[subprocess.Popen[str], int],
+) -> None:
+    """A slow store is no lost node: node 0 waits past its timeout for node 1's counter
+    (not there yet), takes a new connection, and goes on watching."""
+    proc, port = store
+    peer, link = peer_of(port, node_rank=0)
+    others = peer._client(timeout=30.0)
+    heartbeat = started(peer.heartbeat)
+    others.wait(["hb/0"])
+    first = int(others.get("hb/0"))
+    time.sleep(6 * HEARTBEAT_TIMEOUT)  # several answers later than the timeout
+    link.settimeout(0.1)
+    with pytest.raises(TimeoutError):
+        link.recv(65536)  # nothing to tell the watcher
+    assert heartbeat.is_alive()
+    assert int(others.get("hb/0")) > first  # it kept beating
+    others.add("hb/1", 0)  # node 1 appears, then stays silent
+    deadline = time.monotonic() + 60
+    while not others.check(["cause"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cause = json.loads(others.get("cause"))
+    assert cause["node"] == 1 and "no heartbeat" in cause["what"]
+    peer.finishing.set()
+    proc.kill()
+    heartbeat.join(timeout=30)
+    assert not heartbeat.is_alive()
