@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tag", help="name the results <date>-TAG.md and .json")
     p.add_argument("--reps", type=int, help="repetitions per launcher (default: 5, quick: 1)")
+    p.add_argument(
+        "--nodes-reps", type=int, help="repetitions of scenario 8's node counts (default: 1)"
+    )
     p.add_argument("--out", type=Path, help="directory for <date>.md and .json")
     p.add_argument(
         "--snapshot",
@@ -106,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = Config.quick() if args.quick else Config()
     if args.reps is not None:
         config = _with_reps(config, args.reps)
+    if args.nodes_reps is not None:
+        config = replace(config, nodes_reps=max(args.nodes_reps, 1))
     out = args.out or (SCRATCH / "quick" if args.quick else RESULTS)
     mode = "quick" if args.quick else "full"
     return _run(config, only, chosen, out, mode, args_list, args.snapshot, args.tag)

@@ -26,6 +26,7 @@ import datetime
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -51,11 +52,22 @@ from gpulaunch.linux import set_parent_death_signal
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)
+NOFILE_IF_UNLIMITED = 1 << 20  # fs.nr_open's default: an unlimited hard limit is no soft one
 
 
 def die_with_watcher(signum: int) -> None:
     """Until the job's units exist we are nobody's: die with the watcher (0: stop that)."""
     set_parent_death_signal(signum)
+
+
+def take_hard_nofile() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: the store this peer may serve holds a
+    connection per peer (4) and per rank of every node; at the user's usual 1024 it
+    would refuse them beyond about 85 nodes of 8 ranks. The peer starts no process."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else NOFILE_IF_UNLIMITED
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 class UnresolvableHost(Exception):
@@ -101,7 +113,7 @@ class Peer:
         self.layout: Layout | None = None
         self.host = config.local_addr or socket.getfqdn()
         self._handler: Any = None  # keeps torch's rendezvous (and any store it serves) alive
-        self._cause_told = False
+        self._cause_told = threading.Event()
 
     # -- talking to the watcher ------------------------------------------
 
@@ -114,7 +126,19 @@ class Peer:
 
     # -- the store ---------------------------------------------------------
 
+    @property
+    def join_timeout(self) -> float:
+        """How long the nodes may take to meet: torch's own join timeout (--rdzv-conf)."""
+        conf = dict(self.config.rdzv_conf)
+        return float(conf.get("join_timeout", conf.get("timeout", 600)))
+
     def _client(self, timeout: float) -> Any:
+        """A connection of our own to the job's store; `timeout` bounds each operation.
+
+        The connection itself may take as long as joining may: the node serving the
+        store can be slow to accept (a loaded machine, many nodes connecting at once),
+        and a peer that gave up on it after `timeout` would lose its heartbeat.
+        """
         from torch._C._distributed_c10d import PrefixStore, TCPStore
 
         host, port = self.config.endpoint.rsplit(":", 1)
@@ -123,8 +147,9 @@ class Peer:
             int(port),
             is_master=False,
             wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=timeout),
+            timeout=datetime.timedelta(seconds=max(timeout, self.join_timeout)),
         )
+        store.set_timeout(datetime.timedelta(seconds=timeout))
         return PrefixStore(f"gpulaunch/{self.config.run_id}/", store)
 
     def rendezvous(self) -> Layout:
@@ -147,10 +172,9 @@ class Peer:
         self._handler = get_rendezvous_handler(params)
         info = self._handler.next_rendezvous()
         node_rank, nnodes = info.rank, info.world_size
-        # How long the nodes may take to announce themselves: torch's own join timeout.
-        join_timeout = float(conf.get("join_timeout", conf.get("timeout", 600)))
-        store = self._client(timeout=join_timeout)
+        store = self._client(timeout=self.join_timeout)
         me = {"host": self.host, "nproc": cfg.nproc, "pid": os.getppid()}
+        store.add(f"hb/{node_rank}", 0)  # before we announce: every node's counter exists
         store.set(f"node/{node_rank}", json.dumps(me))
         keys = [f"node/{n}" for n in range(nnodes)]
         store.wait(keys)
@@ -187,8 +211,8 @@ class Peer:
     # -- the three activities ---------------------------------------------
 
     def watch_cause(self) -> None:
-        store = self._client(timeout=self.config.heartbeat_timeout)
         try:
+            store = self._client(timeout=self.join_timeout)  # slow is not gone
             store.wait(["cause"], FOREVER)
             failure = NodeFailure.from_dict(json.loads(store.get("cause")))
         except Exception:  # noqa: BLE001 - any store error means the store went away
@@ -200,9 +224,9 @@ class Peer:
     def tell_cause(self, failure: NodeFailure) -> None:
         """The job's first failure, to the watcher, once (the watch or the barrier may)."""
         with self._send_lock:
-            if self._cause_told:
+            if self._cause_told.is_set():
                 return
-            self._cause_told = True
+            self._cause_told.set()
         self.send(Event.CAUSE, failure=failure.to_dict())
 
     def _store_lost(self) -> NodeFailure:
@@ -218,30 +242,75 @@ class Peer:
         )
 
     def heartbeat(self) -> None:
+        """Beat until the job ends; a heartbeat that stops is this node's failure, said.
+
+        A slow store is no lost node: an answer later than the heartbeat timeout (node
+        0 on a loaded machine) costs a new connection (the late answer would still come
+        on the old one), not the job; silence is judged by the counters alone.
+        """
+        from torch.distributed import DistStoreError  # a timeout; the store gone is another
+
+        assert self.layout is not None
+        me = self.layout.node_rank
+        watched = [n for n in range(self.layout.nnodes) if n != me and (me == 0 or n == 0)]
+        seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
+        connected = False
+        try:
+            while True:
+                store = self._client(timeout=self.config.heartbeat_timeout)
+                connected = True
+                try:
+                    self._beat(store, watched, seen)
+                except DistStoreError:
+                    continue
+        except Exception as exc:  # noqa: BLE001 - whatever stopped it, the job must hear
+            self._heartbeat_stopped(connected, exc)
+
+    def _beat(self, store: Any, watched: list[int], seen: dict[int, tuple[int, float]]) -> None:
         assert self.layout is not None
         layout, cfg = self.layout, self.config
-        store = self._client(timeout=cfg.heartbeat_timeout)
         me = layout.node_rank
-        watched = [n for n in range(layout.nnodes) if n != me and (me == 0 or n == 0)]
-        seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
         while True:  # a timer, on purpose: silence is what it detects
             time.sleep(cfg.heartbeat_interval)
-            try:
-                store.add(f"hb/{me}", 1)
-                now = time.monotonic()
-                for n in list(watched):
-                    if store.check([f"done/{n}"]):
-                        watched.remove(n)
-                        continue
-                    count = store.add(f"hb/{n}", 0)
-                    last = seen.get(n)
-                    if last is None or last[0] != count:
-                        seen[n] = (count, now)
-                    elif now - last[1] > cfg.heartbeat_timeout:
-                        watched.remove(n)
+            store.add(f"hb/{me}", 1)
+            if not watched:
+                continue
+            now = time.monotonic()
+            # One round trip however many nodes node 0 watches (their counters exist
+            # since the rendezvous); only a counter that stood still costs another.
+            counts = store.multi_get([f"hb/{n}" for n in watched])
+            for n, raw in zip(list(watched), counts, strict=True):
+                count, last = int(raw), seen.get(n)
+                if last is None or last[0] != count:
+                    seen[n] = (count, now)
+                elif now - last[1] > cfg.heartbeat_timeout:
+                    watched.remove(n)
+                    if not store.check([f"done/{n}"]):  # a node that finished beats no more
                         self._declare_lost(store, layout.nodes[n], now - last[1])
-            except Exception:  # noqa: BLE001 - the store is gone: watch_cause says so
-                return
+
+    def _heartbeat_stopped(self, connected: bool, exc: Exception) -> None:
+        """Tell the watcher (it stops this node's ranks), then the other nodes if we can.
+
+        Without it the others would only see this node fall silent, and this node
+        would no longer see theirs. A store that went away is the cause watch's to
+        say (it sees that at once, and knows which node served it): give it an interval.
+        The others hear it through a new connection (one whose operation timed out may
+        still get that answer), unless there never was one: then our silence tells them.
+        """
+        if self.finishing.is_set() or self._cause_told.wait(self.config.heartbeat_interval):
+            return
+        assert self.layout is not None
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        what = f"its heartbeat to the job's store at {self.config.endpoint} stopped ({why})"
+        self.send(Event.ERROR, message=what)
+        if not connected:
+            return
+        me = self.layout.this_node
+        failure = NodeFailure(node=me.node, host=me.host, status=NODE_LOST_STATUS, what=what)
+        try:
+            self.publish(self._client(timeout=self.config.heartbeat_timeout), failure)
+        except Exception:  # noqa: BLE001 - then our silence tells them
+            pass
 
     def _declare_lost(self, store: Any, node: NodeInfo, silent: float) -> None:
         self.publish(
@@ -258,7 +327,7 @@ class Peer:
     def commands(self) -> int:
         """Serve the watcher until it says finish (0) or dies (1)."""
         assert self.layout is not None
-        store = self._client(timeout=self.config.heartbeat_timeout)
+        store = self._client(timeout=self.join_timeout)  # slow is not gone
         me = self.layout.this_node
         buffer = b""
         while True:
@@ -310,6 +379,7 @@ def main() -> int:
     die_with_watcher(signal.SIGKILL)
     if os.getppid() != int(sys.argv[2]):  # it died before the line above
         return 1
+    take_hard_nofile()
     config = NodeConfig.from_json(sys.argv[1])
     link = socket.socket(fileno=LINK_FD)
     peer = Peer(config, link)
