@@ -7,72 +7,21 @@ to a live systemd.
 
 from __future__ import annotations
 
-import enum
 import math
 import os
-import pwd
 import re
 import resource
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.journal import rate_limit_settings
 from gpulaunch.model import Manager
+from gpulaunch.system.cgroupchecks import cgroups
 from gpulaunch.system.files import BUS_POLICY, FIX, Piece
+from gpulaunch.system.findings import Finding, Machine, Status
 from gpulaunch.units import values
-
-
-class Status(enum.StrEnum):
-    """How a finding bears on a job: fail means a job cannot run here."""
-
-    OK = "ok"
-    INFO = "info"  # a fact, nothing to fix (e.g. no GPU on a CPU machine)
-    WARN = "warn"  # a job runs, but something is off, or accepted and not enforced
-    FAIL = "fail"  # a job cannot run here
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One row of the doctor's table."""
-
-    area: str
-    item: str
-    status: Status
-    detail: str
-    fix: str = ""
-
-
-@dataclass(frozen=True)
-class Machine:
-    """The machine as the checks see it; `Machine.here()` is this one."""
-
-    manager: Manager  # the manager a job gets by default (root: system, others: user)
-    uid: int
-    root: Path = Path("/")
-    env: dict[str, str] = field(default_factory=dict)
-    nofile: tuple[int, int] = (1024, 1024)  # soft, hard
-
-    @classmethod
-    def here(cls, manager: Manager) -> Machine:
-        return cls(
-            manager=manager,
-            uid=os.geteuid(),
-            env=dict(os.environ),
-            nofile=resource.getrlimit(resource.RLIMIT_NOFILE),
-        )
-
-    def path(self, absolute: str) -> Path:
-        return self.root / absolute.lstrip("/")
-
-    @property
-    def user(self) -> str:
-        try:
-            return pwd.getpwuid(self.uid).pw_name
-        except KeyError:
-            return str(self.uid)
-
 
 # -- supervisors ---------------------------------------------------------------
 
@@ -311,69 +260,6 @@ def journald(machine: Machine) -> Iterable[Finding]:
         )
 
 
-# -- cgroup controllers ---------------------------------------------------------
-
-# What each rank limit needs from the cgroup tree (systemd.resource-control(5)).
-LIMITS = (
-    ("--memory-max", "memory", "MemoryMax="),
-    ("--cpus-per-rank", "cpuset", "AllowedCPUs="),
-)
-
-
-def cgroup_of(machine: Machine) -> Path:
-    """The cgroup whose controllers the job's manager can hand to its units."""
-    root = machine.path("/sys/fs/cgroup")
-    if machine.manager is Manager.SYSTEM:
-        return root
-    uid = machine.uid
-    return root / f"user.slice/user-{uid}.slice/user@{uid}.service"
-
-
-def cgroups(machine: Machine) -> Iterable[Finding]:
-    where = cgroup_of(machine)
-    try:
-        controllers = set((where / "cgroup.controllers").read_text().split())
-    except OSError:
-        controllers = None
-    if controllers is None:
-        yield Finding(
-            "cgroups",
-            "cgroup v2",
-            Status.WARN,
-            f"no {where}/cgroup.controllers: rank limits are accepted but not enforced",
-            "boot with the unified cgroup hierarchy (systemd.unified_cgroup_hierarchy=1)",
-        )
-        return
-    for option, controller, setting in LIMITS:
-        if controller in controllers:
-            yield Finding("cgroups", option, Status.OK, f"enforced ({setting}, {controller})")
-        else:
-            fix = (
-                f"delegate it: Delegate={controller} in a drop-in for user@.service, or run as root"
-                if machine.manager is Manager.USER
-                else f"in a container, have its host delegate {controller} to it; on a host, "
-                f"enable {controller} in the kernel"
-            )
-            yield Finding(
-                "cgroups",
-                option,
-                Status.WARN,
-                f"accepted, not enforced: {machine.manager.value} jobs lack the {controller} "
-                "controller",
-                fix,
-            )
-    if machine.manager is Manager.SYSTEM:
-        yield Finding("cgroups", "--gpu-isolation", Status.OK, "enforced (DevicePolicy=closed)")
-    else:
-        yield Finding(
-            "cgroups",
-            "--gpu-isolation",
-            Status.WARN,
-            "accepted, not enforced: a user manager cannot install device filters",
-            "run the job as root (a system job)",
-        )
-
-
 # -- file descriptors -----------------------------------------------------------
 
 # The watcher's fds: gpulaunch/watcher/limits.py counts them. It raises its soft limit
@@ -463,15 +349,10 @@ def run_all(machine: Machine) -> list[Finding]:
     problems = {m: manager_problem(m) for m in order}
     verdicts = [probe(machine, problems[machine.manager]) for probe in SUPERVISORS]
     found: list[Finding] = [*supervisors(machine, verdicts), *managers(machine, problems)]
-    for check in (
-        user_jobs,
-        user_bus,
-        runtime_files,
-        bus_policy,
-        journald,
-        cgroups,
-        fd_limits,
-        nvidia,
-    ):
+    chosen = next((v.name for v in verdicts if v.can_run), "systemd")
+    for check in (user_jobs, user_bus, runtime_files, bus_policy, journald):
+        found.extend(check(machine))
+    found.extend(cgroups(machine, chosen))
+    for check in (fd_limits, nvidia):
         found.extend(check(machine))
     return found

@@ -13,7 +13,8 @@ from dataclasses import asdict
 from typing import Any
 
 from gpulaunch.model import Manager
-from gpulaunch.system.checks import Finding, Machine, Status, run_all
+from gpulaunch.system.checks import run_all
+from gpulaunch.system.findings import Finding, Machine, Status
 
 CANNOT_RUN = 69  # as for "no systemd manager reachable" (gpulaunch/cli.py)
 

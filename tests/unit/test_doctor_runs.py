@@ -10,7 +10,7 @@ import pytest
 
 from gpulaunch.model import Manager
 from gpulaunch.system import checks, doctor
-from gpulaunch.system.checks import Finding, Machine, Status
+from gpulaunch.system.findings import Finding, Machine, Status
 
 
 def test_a_user_without_xdg_runtime_dir_can_run_a_job(tmp_path: Path) -> None:

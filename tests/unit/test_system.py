@@ -13,8 +13,7 @@ import pytest
 from gpulaunch import __version__
 from gpulaunch.cli import main
 from gpulaunch.model import Manager
-from gpulaunch.system import checks, doctor
-from gpulaunch.system.checks import Finding, Machine, Status
+from gpulaunch.system import cgroupchecks, checks, doctor
 from gpulaunch.system.files import (
     ALL,
     BUS_POLICY,
@@ -23,6 +22,7 @@ from gpulaunch.system.files import (
     TMPFILES,
     USER_SLICE,
 )
+from gpulaunch.system.findings import Finding, Machine, Status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -149,9 +149,9 @@ def test_cgroups_say_what_is_enforced(tmp_path: Path) -> None:
     write(tmp_path / "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
     user = tmp_path / "sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service"
     write(user / "cgroup.controllers", "cpu memory pids\n")
-    system = {f.item: f for f in checks.cgroups(machine(tmp_path))}
+    system = {f.item: f for f in cgroupchecks.cgroups(machine(tmp_path))}
     assert all(f.status is Status.OK for f in system.values()), system
-    mine = {f.item: f for f in checks.cgroups(machine(tmp_path, Manager.USER))}
+    mine = {f.item: f for f in cgroupchecks.cgroups(machine(tmp_path, Manager.USER))}
     assert mine["--memory-max"].status is Status.OK
     assert mine["--cpus-per-rank"].status is Status.WARN
     assert "not enforced" in mine["--cpus-per-rank"].detail and "Delegate=cpuset" in (
@@ -161,7 +161,7 @@ def test_cgroups_say_what_is_enforced(tmp_path: Path) -> None:
 
 
 def test_no_cgroup2_means_limits_are_not_enforced(tmp_path: Path) -> None:
-    (finding,) = checks.cgroups(machine(tmp_path))
+    (finding,) = cgroupchecks.cgroups(machine(tmp_path))
     assert finding.status is Status.WARN and "not enforced" in finding.detail
 
 
@@ -265,3 +265,18 @@ def test_user_bus_says_which_this_machine_has(tmp_path: Path) -> None:
             assert row.status is Status.OK and row.detail.startswith(f"{tmp_path}/bus")
     (row,) = checks.user_bus(user)  # neither answers: the manager's row fails; this one says it
     assert row.status is Status.INFO and "cannot reach your systemd user manager" in row.detail
+
+
+def test_cgroups_under_the_direct_supervisor_say_what_it_does(tmp_path: Path) -> None:
+    """A container with a read-only cgroup: the supervisor row says "no limits", and so do
+    the cgroups rows now (they said "enforced" from the host's controllers)."""
+    none = {f.item: f for f in cgroupchecks.direct_cgroups(None, "/sys/fs/cgroup is not writable")}
+    assert set(none) == {"--memory-max", "--cpus-per-rank", "--gpu-isolation"}
+    assert all(f.status is Status.WARN for f in none.values())
+    assert "process groups" in none["--memory-max"].detail
+    assert "unmask=/sys/fs/cgroup" in none["--memory-max"].fix
+    write(tmp_path / "cgroup.controllers", "cpu memory pids\n")
+    own = {f.item: f for f in cgroupchecks.direct_cgroups(tmp_path, "")}
+    assert own["--memory-max"].status is Status.OK and "direct" in own["--memory-max"].detail
+    assert own["--cpus-per-rank"].status is Status.WARN
+    assert own["--gpu-isolation"].status is Status.WARN

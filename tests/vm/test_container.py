@@ -9,6 +9,7 @@ VM's system), the direct supervisor chosen by itself (no systemd inside):
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -41,6 +42,27 @@ def test_memory_max_in_a_container(vm: Machine, cgroup: str) -> None:
         assert res.returncode == 0, out  # the rank used its 300 MiB and ended
         # the container's cgroup is every rank's and the watcher's: not the rank's figures
         assert "peak mem: from wait4's ru_maxrss" in out, out
+
+
+@pytest.mark.parametrize("cgroup", ["rw", "ro"])
+def test_doctor_in_a_container_says_what_the_direct_supervisor_enforces(
+    vm: Machine, cgroup: str
+) -> None:
+    """Its cgroups rows follow the supervisor a job gets there: with a read-only cgroup
+    they said "enforced" (the controllers exist) while the supervisor row said "no limits"."""
+    argv = [*PODMAN, *(RW_CGROUP if cgroup == "rw" else []), *ROOTFS,
+            "gpulaunch", "doctor", "--json"]  # fmt: skip
+    res = vm.run("mkdir -p /var/tmp/vmt && " + shlex.join(argv))
+    assert res.stdout.startswith("{"), (res.returncode, res.stdout, res.stderr)
+    report = json.loads(res.stdout)
+    assert report["supervisor"] == "direct", res.stdout
+    rows = {c["item"]: c for c in report["checks"] if c["area"] == "cgroups"}
+    memory = rows["--memory-max"]
+    if cgroup == "rw":
+        assert memory["status"] == "ok" and "direct supervisor" in memory["detail"], memory
+    else:
+        assert memory["status"] == "warn" and "process groups" in memory["detail"], memory
+    assert rows["--gpu-isolation"]["status"] == "warn", rows
 
 
 def test_podman_stop_stops_the_gang_gracefully(vm: Machine) -> None:
