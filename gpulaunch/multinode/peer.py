@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,19 @@ def check_endpoint(endpoint: str) -> None:
         ) from None
 
 
+def round_prefix(backend: Backend, info: Any, attempt: int) -> str:
+    """Where one round's keys live in the job's store, the same on every node of it.
+
+    static: the attempt (every node restarts every time); c10d: a token the round's
+    first node leaves in torch's own store of the round (a node that joins late has no
+    count of ours, but torch's round is the same for all).
+    """
+    if backend is Backend.STATIC:
+        return f"a{attempt}/"
+    token: bytes = info.store.compare_set("gpulaunch/round", "", uuid.uuid4().hex)
+    return f"r{token.decode()}/"
+
+
 class Peer:
     def __init__(self, config: NodeConfig, link: socket.socket) -> None:
         self.config = config
@@ -102,6 +116,9 @@ class Peer:
         self.host = config.local_addr or socket.getfqdn()
         self._handler: Any = None  # keeps torch's rendezvous (and any store it serves) alive
         self._cause_told = False
+        self.round = 0  # rendezvous so far: a thread of an older round ends (rounds, below)
+        self._prefix = ""  # this round's keys in the job's store
+        self._ranks_store: Any = None  # a restarted round's store for the ranks (node 0)
 
     # -- talking to the watcher ------------------------------------------
 
@@ -127,7 +144,15 @@ class Peer:
         )
         return PrefixStore(f"gpulaunch/{self.config.run_id}/", store)
 
-    def rendezvous(self) -> Layout:
+    def _store(self, timeout: float) -> Any:
+        """A connection to this round's keys of the job's store."""
+        from torch._C._distributed_c10d import PrefixStore
+
+        return PrefixStore(self._prefix, self._client(timeout))
+
+    def rendezvous(self, attempt: int = 0, failures: int = 0) -> Layout:
+        """Meet the other nodes (again, for a restart: torch's next round, as torchrun's
+        agent does); `attempt`, `failures`: this node's count, the round takes the most."""
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -135,28 +160,32 @@ class Peer:
         conf: dict[str, Any] = dict(cfg.rdzv_conf)
         if cfg.backend is Backend.STATIC:
             conf["rank"] = cfg.node_rank
-        params = RendezvousParameters(
-            backend=cfg.backend.value,
-            endpoint=cfg.endpoint,
-            run_id=cfg.run_id,
-            min_nodes=cfg.nnodes,
-            max_nodes=cfg.nnodes,
-            local_addr=cfg.local_addr,
-            **conf,
-        )
-        self._handler = get_rendezvous_handler(params)
+        if self._handler is None:
+            params = RendezvousParameters(
+                backend=cfg.backend.value,
+                endpoint=cfg.endpoint,
+                run_id=cfg.run_id,
+                min_nodes=cfg.min_nodes or cfg.nnodes,
+                max_nodes=cfg.nnodes,
+                local_addr=cfg.local_addr,
+                **conf,
+            )
+            self._handler = get_rendezvous_handler(params)
         info = self._handler.next_rendezvous()
         node_rank, nnodes = info.rank, info.world_size
+        self.round += 1
+        self._prefix = round_prefix(cfg.backend, info, attempt)
         # How long the nodes may take to announce themselves: torch's own join timeout.
         join_timeout = float(conf.get("join_timeout", conf.get("timeout", 600)))
-        store = self._client(timeout=join_timeout)
+        store = self._store(timeout=join_timeout)
         me = {"host": self.host, "nproc": cfg.nproc, "pid": os.getppid()}
-        store.set(f"node/{node_rank}", json.dumps(me))
+        store.set(f"node/{node_rank}", json.dumps({**me, "attempt": attempt, "failures": failures}))
         keys = [f"node/{n}" for n in range(nnodes)]
         store.wait(keys)
         nodes, first = [], 0
         for n, raw in enumerate(store.multi_get(keys)):
             data = json.loads(raw)
+            attempt, failures = max(attempt, data["attempt"]), max(failures, data["failures"])
             nodes.append(
                 NodeInfo(
                     node=n,
@@ -167,18 +196,35 @@ class Peer:
                 )
             )
             first += data["nproc"]
-        boot = info.bootstrap_store_info
+        addr, port = info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port
+        if self.round > 1:  # a fresh store for the ranks: no key of the last round's world
+            addr, port = self._fresh_ranks_store(store, node_rank, addr)
         return Layout(
             node_rank=node_rank,
             nnodes=nnodes,
             world_size=first,
-            master_addr=boot.master_addr,
-            master_port=boot.master_port,
+            master_addr=addr,
+            master_port=port,
             use_agent_store=bool(self._handler.use_agent_store),
             run_id=cfg.run_id,
             endpoint=cfg.endpoint,
             nodes=tuple(nodes),
+            attempt=attempt,
+            failures=failures,
         )
+
+    def _fresh_ranks_store(self, store: Any, node_rank: int, addr: str) -> tuple[str, int]:
+        """Node 0 serves the ranks of a restarted round a new store; the others learn where."""
+        from torch._C._distributed_c10d import TCPStore
+
+        if node_rank == 0:
+            self._ranks_store = None  # the last round's goes
+            self._ranks_store = TCPStore(
+                addr.strip("[]"), 0, is_master=True, wait_for_workers=False, multi_tenant=True
+            )
+            store.set("ranks_store", json.dumps([addr, self._ranks_store.port]))
+        addr, port = json.loads(store.get("ranks_store"))
+        return str(addr), int(port)
 
     def publish(self, store: Any, failure: NodeFailure) -> None:
         """Make `failure` the job's cause unless another node's came first."""
@@ -186,8 +232,14 @@ class Peer:
 
     # -- the three activities ---------------------------------------------
 
+    def start_round(self) -> None:
+        """The cause watch and the heartbeat of this round (they end with it)."""
+        _thread(self.watch_cause, "cause-watch")
+        _thread(self.heartbeat, "heartbeat")
+
     def watch_cause(self) -> None:
-        store = self._client(timeout=self.config.heartbeat_timeout)
+        this_round = self.round
+        store = self._store(timeout=self.config.heartbeat_timeout)
         try:
             store.wait(["cause"], FOREVER)
             failure = NodeFailure.from_dict(json.loads(store.get("cause")))
@@ -195,12 +247,12 @@ class Peer:
             if self.finishing.is_set():
                 return
             failure = self._store_lost()
-        self.tell_cause(failure)
+        self.tell_cause(failure, this_round)
 
-    def tell_cause(self, failure: NodeFailure) -> None:
-        """The job's first failure, to the watcher, once (the watch or the barrier may)."""
+    def tell_cause(self, failure: NodeFailure, this_round: int) -> None:
+        """The round's first failure, to the watcher, once (the watch or the barrier may)."""
         with self._send_lock:
-            if self._cause_told:
+            if self._cause_told or this_round != self.round:
                 return
             self._cause_told = True
         self.send(Event.CAUSE, failure=failure.to_dict())
@@ -220,12 +272,15 @@ class Peer:
     def heartbeat(self) -> None:
         assert self.layout is not None
         layout, cfg = self.layout, self.config
-        store = self._client(timeout=cfg.heartbeat_timeout)
+        this_round = self.round
+        store = self._store(timeout=cfg.heartbeat_timeout)
         me = layout.node_rank
         watched = [n for n in range(layout.nnodes) if n != me and (me == 0 or n == 0)]
         seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
         while True:  # a timer, on purpose: silence is what it detects
             time.sleep(cfg.heartbeat_interval)
+            if this_round != self.round:
+                return
             try:
                 store.add(f"hb/{me}", 1)
                 now = time.monotonic()
@@ -258,11 +313,11 @@ class Peer:
     def commands(self) -> int:
         """Serve the watcher until it says finish (0) or dies (1)."""
         assert self.layout is not None
-        store = self._client(timeout=self.config.heartbeat_timeout)
-        me = self.layout.this_node
+        store = self._store(timeout=self.config.heartbeat_timeout)
         buffer = b""
         while True:
             chunk = self.link.recv(65536)
+            me = self.layout.this_node
             if not chunk:
                 self.publish(
                     store,
@@ -271,6 +326,7 @@ class Peer:
                     ),
                 )
                 store.set(f"done/{me.node}", "lost")
+                leave_rendezvous(self._handler)
                 return 1
             buffer += chunk
             while b"\n" in buffer:
@@ -281,6 +337,13 @@ class Peer:
                 elif kind == Command.FINISH:
                     self.finish(store)
                     return 0
+                elif kind == Command.NEXT_ROUND:
+                    store.set(f"done/{me.node}", "next")  # no node's exit barrier waits for us
+                    self.layout = self.rendezvous(body["attempt"], body["failures"])
+                    self._cause_told = False
+                    self.send(Event.JOINED, layout=self.layout.to_dict())
+                    self.start_round()
+                    store = self._store(timeout=self.config.heartbeat_timeout)
 
     def finish(self, store: Any) -> None:
         """The exit barrier: set our `done`, wait for every node's; then say so."""
@@ -290,12 +353,25 @@ class Peer:
             store.set(f"done/{self.layout.node_rank}", "done")
             store.wait([f"done/{n}" for n in range(self.layout.nnodes)], FOREVER)
             if store.check(["cause"]):  # make sure the watcher has it before it reports
-                self.tell_cause(NodeFailure.from_dict(json.loads(store.get("cause"))))
+                cause = NodeFailure.from_dict(json.loads(store.get("cause")))
+                self.tell_cause(cause, self.round)
         except Exception:  # noqa: BLE001
             # The store went away: the node serving it passed the barrier (and so every
             # node did) or it died; either way there is nobody left to wait for.
             pass
         self.send(Event.FINISHED)
+
+
+def leave_rendezvous(handler: Any) -> None:
+    """A node that ends leaves torch's round at once, so that the others' next round does
+    not wait for its keep-alive to expire (c10d; torch has no public call for it)."""
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        deadline = time.monotonic() + handler._settings.timeout.close.total_seconds()
+        handler._op_executor.run(_RendezvousExitOp(), deadline)
+    except Exception:  # noqa: BLE001 - static, or another torch: the keep-alive expires
+        pass
 
 
 def _thread(target: Callable[[], None], name: str) -> None:
@@ -327,8 +403,7 @@ def main() -> int:
     peer.send(Event.JOINED, layout=peer.layout.to_dict())
     # From now on we share the watcher's scope, and its death is news we tell the others.
     die_with_watcher(0)
-    _thread(peer.watch_cause, "cause-watch")
-    _thread(peer.heartbeat, "heartbeat")
+    peer.start_round()
     try:
         return peer.commands()
     except Exception as exc:  # noqa: BLE001 - the store went away under a command

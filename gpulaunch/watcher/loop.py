@@ -19,7 +19,6 @@ from pathlib import Path
 
 from gpulaunch.base.interrupts import NOTICES, pending
 from gpulaunch.base.procs import kill_and_reap, reap
-from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.journal import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
@@ -37,6 +36,7 @@ from gpulaunch.model import (
 )
 from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
+from gpulaunch.multinode.rounds import Next
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
@@ -49,6 +49,7 @@ from gpulaunch.watcher.notices import pass_on
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
+from gpulaunch.watcher.rounds import next_round, on_elsewhere
 from gpulaunch.watcher.settle import Settle
 from gpulaunch.watcher.unmanaged import end_ranks
 
@@ -104,7 +105,7 @@ class Watcher(EventLoop):
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
         if peer is not None:
             assert spec.layout is not None
-            self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
+            self.nodes = OtherNodes(peer, spec.layout, clock, lambda f: on_elsewhere(self, f))
 
     # -- the loop ---------------------------------------------------------
 
@@ -153,6 +154,8 @@ class Watcher(EventLoop):
 
     def _restart(self) -> bool:
         """After a rank failure, start the whole gang again while --max-restarts allows."""
+        if self.nodes is not None:  # every node's gang, together (watcher/rounds.py)
+            return next_round(self)
         outcome = job_outcome(self._exits(), self.interrupt)
         if (
             outcome.cause is not Cause.RANK_FAILED
@@ -167,6 +170,11 @@ class Watcher(EventLoop):
             f"gpulaunch: rank {cause.spec.rank} {cause.exit.describe()}; restarting all "
             f"ranks (restart {self.attempt} of {self.spec.max_restarts})"
         )
+        self.new_attempt()
+        return True
+
+    def new_attempt(self) -> None:
+        """The gang of the next attempt, in new containment (the last one stopped)."""
         self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
         self.stop_issued = False
         self._failure_pending = None
@@ -174,7 +182,6 @@ class Watcher(EventLoop):
         self._all_forked = False
         self._set_phase(Phase.STARTING)
         self._run(self.supervisor.renew_gang())
-        return True
 
     def _stopping_asked(self) -> bool:
         """Interrupted, or another node failed: no (more) ranks to start."""
@@ -223,7 +230,7 @@ class Watcher(EventLoop):
             ranks=tuple(r.progress() for r in self.ranks),
             attempt=self.attempt,
             watcher_pid=os.getpid(),
-            node_failure=self.node_failure,
+            node_failure=self.nodes.failure if self.nodes else None,
         )
 
     def _finished(self) -> bool:
@@ -241,8 +248,11 @@ class Watcher(EventLoop):
         done = not self.gang_stopping and output_done
         if not done or self.nodes is None:
             return done
-        # Through the exit barrier: a store our peer serves stays until every node is done.
-        return self.nodes.finish()
+        ending = self.interrupt is not None or self.start_error is not None
+        after = self.nodes.after_round(ending, self.spec.max_restarts)  # None: its cause comes
+        # Through the exit barrier (a store our peer serves stays until every node is done),
+        # unless every node goes on to another round.
+        return after is not None and (after is not Next.END or self.nodes.finish())
 
     # -- starting ---------------------------------------------------------
 
@@ -439,17 +449,6 @@ class Watcher(EventLoop):
         self._begin_stop()
         self._poke()
 
-    @property
-    def node_failure(self) -> NodeFailure | None:
-        """A multi-node job's first failure, on any node (None: none, or one node)."""
-        return self.nodes.failure if self.nodes is not None else None
-
-    def _on_elsewhere(self, failure: NodeFailure) -> None:
-        """Another node failed first: stop ours."""
-        self.output.message(f"gpulaunch: {failure.describe()}; stopping this node's ranks")
-        if self.phase is not Phase.STARTING:
-            self._begin_stop()
-
     # -- stopping ---------------------------------------------------------
 
     def _begin_stop(self) -> None:
@@ -492,7 +491,8 @@ class Watcher(EventLoop):
             interrupted_by=self.interrupted_by,
             start_error=self.start_error,
             restarts=self.attempt,
-            node_failure=self.node_failure,
+            node_failure=self.nodes.failure if self.nodes else None,
+            rounds=tuple(self.nodes.ended) if self.nodes else (),
             rank_error=self._rank_error,
             hang=self.hang.summary if self.hang else None,
             stacks=self.hang.stacks if self.hang else None,

@@ -1,0 +1,100 @@
+"""Restarts across nodes (--max-restarts) and elastic membership (--nnodes MIN:MAX).
+
+Three nodes on loopback, each a systemd box of its own, as in test_multinode.py (whose
+fixtures and helpers these tests share): every node restarts through torch's rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from gpulaunch.base.protocol import NODE_LOST_STATUS
+from tests.integration.jobs import GPULAUNCH, wait_until
+from tests.integration.test_multinode import (
+    NNODES,
+    NPROC,
+    MultiJob,
+    finish,
+    host,
+    mjob,
+    node_ranks,
+    nodes,
+)
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["mjob", "nodes"]  # fixtures
+
+
+def c10d(job: MultiJob, nnodes: str) -> list[str]:
+    return [
+        *("--nnodes", nnodes, "--rdzv-backend", "c10d"),
+        *("--rdzv-endpoint", f"127.0.0.1:{job.port}"),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_rank_failure_on_node_2_restarts_every_node(mjob: MultiJob, backend: str) -> None:
+    opts = [
+        [
+            *(mjob.static(n) if backend == "static" else c10d(mjob, str(NNODES))),
+            "--max-restarts",
+            "1",
+        ]
+        for n in range(NNODES)
+    ]
+    # rank 4 is node 2's first (c10d numbers the nodes by address: 127.0.0.3 is node 2)
+    procs = mjob.start(opts, ["--fail-rank", "4", "--fail-attempt", "0"])
+    ended = finish(procs, mjob.boxes, timeout=240)
+    cause = f"attempt 0: node 2 ({host(2)}): rank 4 exit 1 (status 1); every node went on"
+    for e in ended:
+        assert e.returncode == 0, e.stderr
+        for rank in node_ranks(e.node):
+            local = rank - e.node * NPROC
+            done = f"rank {rank} of 6 done: local {local} node {e.node} of 3 attempt 1"
+            assert done in e.stdout, e.stdout
+        assert cause in e.stderr, e.stderr
+        assert "restarting the ranks of every node (restart 1 of 1)" in e.stderr
+        assert mjob.leftovers(e.node) == []
+    for rank in range(NNODES * NPROC):  # the second attempt's environment, on every node
+        env = mjob.env(rank)
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "1"
+        assert env["WORLD_SIZE"] == "6" and env["GPULAUNCH_JOB"] == mjob.job_id(rank // NPROC)
+        assert env["GPULAUNCH_UNIT"] == f"gpulaunch-{mjob.job_id(rank // NPROC)}-rank{rank}.scope"
+    # The record of every node lists both attempts: the first with its cause.
+    for node, box in enumerate(mjob.boxes):
+        text = box.run([GPULAUNCH, "status", mjob.job_id(node)], capture_output=True).stdout
+        assert "succeeded" in text and cause in text, text
+        assert "restarted 1 time" in text
+
+
+def test_a_lost_node_under_an_elastic_range_leaves_a_smaller_world(mjob: MultiJob) -> None:
+    opts = [*c10d(mjob, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    # Attempt 0 computes (sleeps) until node 2 goes; attempt 1 runs its steps to the end.
+    procs = mjob.start([opts] * NNODES, ["--busy", "--busy-attempt", "0"])
+    mjob.wait_stamps(range(NNODES * NPROC), "busy")
+    assert {mjob.env(r)["GROUP_RANK"] for r in node_ranks(2)} == {"2"}
+    t0 = time.time()
+    os.kill(mjob.boxes[2].inner_pid(procs[2]), signal.SIGKILL)
+    ended = finish(procs, mjob.boxes, timeout=240)
+    assert ended[2].returncode == -signal.SIGKILL
+    print(f"node 2's watcher SIGKILLed -> the others ended, 2 nodes: {time.time() - t0:.2f} s")
+    cause = f"attempt 0: node 2 ({host(2)}): its watcher died (status {NODE_LOST_STATUS})"
+    for e in ended[:2]:
+        assert e.returncode == 0, e.stderr
+        assert "the other nodes go on without node 2 (--nnodes 2:3)" in e.stderr
+        assert cause in e.stderr
+        for rank in node_ranks(e.node):
+            local = rank - e.node * NPROC
+            done = f"rank {rank} of 4 done: local {local} node {e.node} of 2 attempt 1"
+            assert done in e.stdout, e.stdout
+    for rank in range(2 * NPROC):
+        env = mjob.env(rank)
+        assert (env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("4", "2")
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "1"
+    for node in range(NNODES):
+        wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
