@@ -106,6 +106,17 @@ def round_prefix(backend: Backend, info: Any, attempt: int) -> str:
     return f"r{token.decode()}/"
 
 
+def share_bootstrap(info: Any) -> None:
+    """Tell a node that joins in a later round where the ranks' store is, as torch's node
+    rank 0 does only in the round where it made that store: torch 2.13's next_rendezvous
+    on a late or spare node waits for these keys of its round until its timeout."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo as Keys
+
+    boot = info.bootstrap_store_info
+    info.store.set(Keys.MASTER_ADDR_KEY, boot.master_addr)
+    info.store.set(Keys.MASTER_PORT_KEY, str(boot.master_port))
+
+
 class Peer:
     def __init__(self, config: NodeConfig, link: socket.socket) -> None:
         self.config = config
@@ -174,6 +185,8 @@ class Peer:
         info = self._handler.next_rendezvous()
         node_rank, nnodes = info.rank, info.world_size
         self.round += 1
+        if node_rank == 0 and cfg.backend is Backend.C10D:
+            share_bootstrap(info)
         self._prefix = round_prefix(cfg.backend, info, attempt)
         # How long the nodes may take to announce themselves: torch's own join timeout.
         join_timeout = float(conf.get("join_timeout", conf.get("timeout", 600)))
@@ -197,7 +210,7 @@ class Peer:
             )
             first += data["nproc"]
         addr, port = info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port
-        if self.round > 1:  # a fresh store for the ranks: no key of the last round's world
+        if attempt > 0:  # a fresh store for the ranks: no key of the last round's world
             addr, port = self._fresh_ranks_store(store, node_rank, addr)
         return Layout(
             node_rank=node_rank,

@@ -93,7 +93,7 @@ class Watcher(EventLoop):
         self.observers = tuple(observers)
         self.output = output or Output(OutputOptions(), spec.world_size)
         self.journal = journal  # whether the pumps write to journald
-        self.attempt = 0  # restarts of the whole gang so far (--max-restarts)
+        self.attempt = spec.layout.attempt if spec.layout else 0  # restarts so far, any node
         self._settle = Settle(spec.grace_sec)  # see _finished
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)

@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
 from gpulaunch.base.protocol import NODE_LOST_STATUS
-from tests.integration.jobs import GPULAUNCH, wait_until
+from sdbox import Box, HostSystemd
+from tests.integration.conftest import box_files
+from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until
 from tests.integration.test_multinode import (
     NNODES,
     NPROC,
+    Ended,
     MultiJob,
     finish,
+    free_port,
     host,
     mjob,
     node_ranks,
@@ -98,3 +105,50 @@ def test_a_lost_node_under_an_elastic_range_leaves_a_smaller_world(mjob: MultiJo
         assert env["TORCHELASTIC_RESTART_COUNT"] == "1"
     for node in range(NNODES):
         wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
+
+
+@pytest.fixture
+def spare_job(nodes: list[Box | HostSystemd]) -> Iterator[MultiJob]:
+    """The three nodes and a fourth box, node 3 (127.0.0.4), booted for this test."""
+    if isinstance(nodes[0], HostSystemd):
+        pytest.fail("the spare test needs a systemd box per node (the host runs systemd)")
+    with Box(binds=[REPO], files=box_files()) as fourth:
+        job_id = f"spare{uuid.uuid4().hex[:6]}"
+        d = SHARED / job_id
+        d.mkdir(parents=True)
+        j = MultiJob(boxes=[*nodes, fourth], id=job_id, dir=d, port=free_port())
+        yield j
+        j.stop_all()
+
+
+def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) -> None:
+    job = spare_job
+    opts = [*c10d(job, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    args = ["--busy", "--busy-attempt", "0"]
+    procs = job.start([opts] * NNODES, args)
+    job.wait_stamps(range(NNODES * NPROC), "busy")
+    spare = job.boxes[3].popen(
+        job.argv(3, opts, args),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # The spare waits in torch's rendezvous (beyond --nnodes' maximum): its peer is in it.
+    peer = ["pgrep", "-f", f"gpulaunch.multinode.peer .*{job.id}"]
+    wait_until(lambda: job.boxes[3].run(peer, capture_output=True).returncode == 0, 60, "spare")
+    time.sleep(3)  # torch's join: the spare is on the rendezvous' redundancy list
+    assert spare.poll() is None
+    os.kill(job.boxes[2].inner_pid(procs[2]), signal.SIGKILL)
+    ended = finish([procs[0], procs[1], spare], [job.boxes[0], job.boxes[1], job.boxes[3]], 240)
+    procs[2].wait(timeout=30)
+    ended[2] = Ended(3, ended[2].returncode, ended[2].stdout, ended[2].stderr)
+    for e in ended:
+        assert e.returncode == 0, e.stderr
+    # The spare (127.0.0.4: after 127.0.0.2 in torch's order) is node 2 of the new world.
+    for rank, node in ((4, ended[2]), (5, ended[2]), (0, ended[0]), (3, ended[1])):
+        group = rank // NPROC
+        done = f"rank {rank} of 6 done: local {rank % NPROC} node {group} of 3 attempt 1"
+        assert done in node.stdout, node.stdout
+    assert "attempt 0: node 2 (127.0.0.3): its watcher died" in ended[0].stderr
+    assert job.env(4)["TORCHELASTIC_RESTART_COUNT"] == "1"
