@@ -21,6 +21,7 @@ from bench.scenarios import (
     launch,
     nodes,
     output,
+    rounds,
     scale,
     watcher_kill,
 )
@@ -52,4 +53,5 @@ SCENARIOS = (
     Scenario("6", "scale", scale.run, _doc(scale), NO_FRONTEND),
     Scenario("7", "cross-node stop", cross_node.run, _doc(cross_node), TWO),
     Scenario("8", "many nodes", nodes.run, _doc(nodes), (Launcher.DIRECT, Launcher.TORCHRUN)),
+    Scenario("9", "restarts across nodes", rounds.run, _doc(rounds), TWO),
 )

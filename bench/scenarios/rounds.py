@@ -1,0 +1,141 @@
+"""9. Restarts across nodes: 3 nodes of 2 gloo ranks each, c10d rendezvous on loopback.
+
+Both launchers get the same multi-node flags (torchrun's; the command lines are
+`_argv`): `--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT --rdzv-conf
+join_timeout=120,last_call_timeout=1 --local-addr 127.0.0.1`, and
+- restart (9a): `--nnodes 3 --max-restarts 1`; global rank 3 raises once all ranks
+  are in their all-reduce loop (bench/ranks/node_round.py). Measured from rank 3's
+  stamp until every rank of the restarted gang (attempt 1, all 3 nodes) has done its
+  first all-reduce: the restarted gang's first step on every node.
+- node lost (9b): `--nnodes 2:3 --max-restarts 3`; once all ranks are in their loop,
+  every process of the node that is node rank 2 is SIGKILLed at once (its launcher,
+  gpulaunch's peer or torchrun's agent, its ranks): a machine gone. Measured from the
+  kill until every rank of the smaller world (2 nodes, 4 ranks) has done its first
+  all-reduce.
+- watcher killed (9c, gpulaunch only): the same, but only node 2's watcher is
+  SIGKILLed (its peer tells the others; systemd stops its ranks). torchrun has no
+  equivalent: its ranks outlive a killed agent and the job goes on as it was.
+
+torchrun learns of a failure elsewhere by polling the rendezvous (its agent's monitor
+loop) or from its own ranks' collective errors; gpulaunch from the store's `cause`
+key. Both then meet again through torch's rendezvous: the same code, the same
+settings, so the difference is how fast each learns, stops and starts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import launchers, procs
+from bench.context import Context, fmt
+from bench.launchers import BIN, LOOPBACK, NODE_GRACE_S, Launcher, Node, Run
+from bench.stats import Metric, compared
+
+NNODES, NPROC = 3, 2
+FAIL_RANK = 3
+CONF = "join_timeout=120,last_call_timeout=1"
+CAP_S = 150.0  # per run: runaway protection only
+POLL_S = 0.02  # how often stamp files are looked for (a bench, not the product)
+
+
+def _argv(launcher: Launcher, node: Node, nnodes: str, restarts: int, d: str) -> list[str]:
+    rdzv = [
+        *("--nnodes", nnodes, "--max-restarts", str(restarts)),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{node.port}"),
+        *("--rdzv-id", node.rdzv_id, "--rdzv-conf", CONF, "--local-addr", LOOPBACK),
+    ]
+    script = [launchers.rank_script("node_round"), "--dir", d, "--token", node.token]
+    if launcher.ours:
+        head = [str(BIN / "gpulaunch"), "start", "--supervisor", launcher.supervisor]
+        head += ["--job", node.token, "--grace", str(NODE_GRACE_S), "--nproc", str(NPROC)]
+        return [*head, *rdzv, *script]
+    return [str(BIN / "torchrun"), *rdzv, "--nproc-per-node", str(NPROC), *script]
+
+
+def run(ctx: Context) -> list[Metric]:
+    restart = Metric("9a", "rank fails on one node → restarted gang's first step, all nodes", "s")
+    lost = Metric("9b", "node 2 lost (all its processes) → smaller world's first step", "s")
+    watcher = Metric("9c", "node 2's watcher SIGKILLed → smaller world's first step", "s")
+    for m in (restart, lost, watcher):
+        m.judge = compared("time")
+    for rep in range(ctx.config.reps):
+        for launcher in ctx.order(rep):
+            restart.add(launcher, _once(ctx, launcher, "restart", restart))
+            lost.add(launcher, _once(ctx, launcher, "lost", lost))
+            if launcher.ours:
+                watcher.add(launcher, _once(ctx, launcher, "watcher", watcher))
+    watcher.notes.append("torchrun: no equivalent (its ranks outlive a killed agent)")
+    return [restart, lost, watcher]
+
+
+def _once(ctx: Context, launcher: Launcher, kind: str, metric: Metric) -> float | None:
+    rdzv_id = launchers.new_token("round")
+    port = launchers.free_port()
+    d = ctx.run_dir("round")
+    nnodes, restarts = ("3", 1) if kind == "restart" else ("2:3", 3)
+    runs: list[Run] = []
+    result: float | None = None
+    try:
+        for n in range(NNODES):
+            node = Node(n, NNODES, port, rdzv_id)
+            argv = _argv(launcher, node, nnodes, restarts, str(d))
+            if kind == "restart":
+                argv += ["--fail-rank", str(FAIL_RANK)]
+            runs.append(launchers.spawn(launcher, node.token, argv, ctx.scratch, False, None))
+        result = _measure(ctx, launcher, kind, runs, d)
+    finally:
+        for r in runs:
+            if r.exited_at is None:
+                r.wait_exit(30)
+            ctx.finish(r, f"rounds {kind}", leftovers_expected=result is None)
+    statuses = "/".join(str(r.returncode) for r in runs)
+    ctx.say(f"9 rounds {kind} {launcher}: {fmt(result)} s; statuses {statuses}")
+    metric.notes.append(f"{launcher} {kind}: statuses of nodes 0/1/2: {statuses}")
+    return result
+
+
+def _measure(ctx: Context, launcher: Launcher, kind: str, runs: list[Run], d: Path) -> float | None:
+    deadline = time.monotonic() + CAP_S
+    world = NNODES * NPROC
+    while len(procs.read_stamps(d, "up")) < world:
+        if time.monotonic() > deadline or any(r.proc.poll() is not None for r in runs):
+            ctx.problem(f"rounds {kind} ({launcher}): the ranks did not all come up")
+            return None
+        time.sleep(POLL_S)
+    if kind == "restart":
+        while FAIL_RANK not in (stamps := procs.read_stamps(d, "fail")):
+            time.sleep(POLL_S)
+        t0, survivors = stamps[FAIL_RANK], world
+    else:
+        victim = _node_of_group(runs, d, 2)
+        if victim is None:
+            ctx.problem(f"rounds {kind} ({launcher}): no node rank 2 found")
+            return None
+        t0 = time.time()
+        if kind == "lost":
+            procs.kill_token(victim.token)
+        else:
+            victim.proc.kill()  # gpulaunch's watcher itself (the launcher we started)
+        survivors = world - NPROC
+    while len(firsts := procs.read_stamps(d, "first")) < survivors:
+        if time.monotonic() > deadline:
+            ctx.problem(f"rounds {kind} ({launcher}): {len(firsts)} ranks restarted in {CAP_S} s")
+            return None
+        time.sleep(POLL_S)
+    live = [r for r in runs if r.proc.poll() is None or r.returncode == 0]
+    for r in live:
+        r.wait_exit(60)
+    return max(firsts.values()) - t0
+
+
+def _node_of_group(runs: Sequence[Run], d: Path, group: int) -> Run | None:
+    """The launcher whose ranks say GROUP_RANK `group` (c10d numbers the nodes itself)."""
+    for value, pid in procs.read_stamps_pids(d, "group").values():
+        if int(value) == group:
+            cmdline = procs.cmdline(pid) or b""
+            for r in runs:
+                if r.token.encode() in cmdline:
+                    return r
+    return None
