@@ -2,7 +2,9 @@
 
 Both launchers get the same multi-node flags (torchrun's; the command lines are
 `_argv`): `--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT --rdzv-conf
-join_timeout=120,last_call_timeout=1 --local-addr 127.0.0.1`, and
+join_timeout=120,last_call_timeout=1 --local-addr 127.0.0.N` (node N-1), and
+torchrun `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (without it its restarted ranks
+fail: see TORCHRUN_ENV), and
 - restart (9a): `--nnodes 3 --max-restarts 1`; global rank 3 raises once all ranks
   are in their all-reduce loop (bench/ranks/node_round.py). Measured from rank 3's
   stamp until every rank of the restarted gang (attempt 1, all 3 nodes) has done its
@@ -44,7 +46,7 @@ def _argv(launcher: Launcher, node: Node, nnodes: str, restarts: int, d: str) ->
     rdzv = [
         *("--nnodes", nnodes, "--max-restarts", str(restarts)),
         *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{node.port}"),
-        *("--rdzv-id", node.rdzv_id, "--rdzv-conf", CONF, "--local-addr", LOOPBACK),
+        *("--rdzv-id", node.rdzv_id, "--rdzv-conf", CONF, "--local-addr", _addr(node.rank)),
     ]
     script = [launchers.rank_script("node_round"), "--dir", d, "--token", node.token]
     if launcher.ours:
@@ -52,6 +54,18 @@ def _argv(launcher: Launcher, node: Node, nnodes: str, restarts: int, d: str) ->
         head += ["--job", node.token, "--grace", str(NODE_GRACE_S), "--nproc", str(NPROC)]
         return [*head, *rdzv, *script]
     return [str(BIN / "torchrun"), *rdzv, "--nproc-per-node", str(NPROC), *script]
+
+
+def _addr(node: int) -> str:
+    """Node N is 127.0.0.N+1 (127/8 is loopback): node 0 alone serves the endpoint, and
+    torch's c10d, which orders the nodes by address, makes node N its node rank N."""
+    return f"127.0.0.{node + 1}"
+
+
+# torchrun's ranks read attempt 0's gloo addresses from the store that its agents share
+# across rounds (torch 2.13's default) and fail to connect: its restarts work only with
+# the rendezvous store not shared, each round's store then made by its rank 0.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def run(ctx: Context) -> list[Metric]:
@@ -83,7 +97,8 @@ def _once(ctx: Context, launcher: Launcher, kind: str, metric: Metric) -> float 
             argv = _argv(launcher, node, nnodes, restarts, str(d))
             if kind == "restart":
                 argv += ["--fail-rank", str(FAIL_RANK)]
-            runs.append(launchers.spawn(launcher, node.token, argv, ctx.scratch, False, None))
+            env = None if launcher.ours else TORCHRUN_ENV
+            runs.append(launchers.spawn(launcher, node.token, argv, ctx.scratch, False, env))
         result = _measure(ctx, launcher, kind, runs, d)
     finally:
         for r in runs:
@@ -100,7 +115,7 @@ def _measure(ctx: Context, launcher: Launcher, kind: str, runs: list[Run], d: Pa
     deadline = time.monotonic() + CAP_S
     world = NNODES * NPROC
     while len(procs.read_stamps(d, "up")) < world:
-        if time.monotonic() > deadline or any(r.proc.poll() is not None for r in runs):
+        if time.monotonic() > deadline or any(r.wait_exit(0) for r in runs):
             ctx.problem(f"rounds {kind} ({launcher}): the ranks did not all come up")
             return None
         time.sleep(POLL_S)
@@ -124,8 +139,7 @@ def _measure(ctx: Context, launcher: Launcher, kind: str, runs: list[Run], d: Pa
             ctx.problem(f"rounds {kind} ({launcher}): {len(firsts)} ranks restarted in {CAP_S} s")
             return None
         time.sleep(POLL_S)
-    live = [r for r in runs if r.proc.poll() is None or r.returncode == 0]
-    for r in live:
+    for r in runs:  # the survivors end by themselves (3 more steps)
         r.wait_exit(60)
     return max(firsts.values()) - t0
 
