@@ -38,7 +38,7 @@ from bench.stats import Metric, compared
 NNODES, NPROC = 3, 2
 FAIL_RANK = 3
 CONF = "join_timeout=120,last_call_timeout=1"
-CAP_S = 150.0  # per run: runaway protection only
+CAP_S = 90.0  # per run: runaway protection, and the most a restart may take here
 POLL_S = 0.02  # how often stamp files are looked for (a bench, not the product)
 
 
