@@ -3,20 +3,24 @@
 Attempt 0 (TORCHELASTIC_RESTART_COUNT=0): every rank stamps `up.<rank>` after 3
 all-reduces, then keeps all-reducing (a training loop); --fail-rank stamps
 `fail.<rank>` and raises. A later attempt stamps `first.<rank>` (time.time()) when
-its first all-reduce is done, the restarted gang's first step, then ends after a few.
+its first all-reduce is done, the restarted gang's first step, then ends after a few;
+and `born.<rank>`, when its process started (before torch's import).
 Each rank writes `group.<rank>` (its node rank) so the bench knows which node is node 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
 import time
 
-import torch
-import torch.distributed as dist
-from stamp import write_stamp  # bench/ranks/stamp.py: sys.path[0] is this directory
+BORN = time.time()  # before torch's import: when the launcher had started this rank
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from stamp import write_stamp  # noqa: E402 - bench/ranks/stamp.py: sys.path[0] is this directory
 
 
 def main() -> None:
@@ -30,6 +34,7 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     t = torch.ones(1024)
     if attempt > 0:
+        write_stamp(args.dir, "born", rank, BORN)
         dist.all_reduce(t)
         write_stamp(args.dir, "first", rank, time.time())
         for _ in range(3):

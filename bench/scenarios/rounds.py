@@ -2,9 +2,10 @@
 
 Both launchers get the same multi-node flags (torchrun's; the command lines are
 `_argv`): `--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT --rdzv-conf
-join_timeout=120,last_call_timeout=1 --local-addr 127.0.0.N` (node N-1), and
+join_timeout=120,last_call_timeout=3 --local-addr 127.0.0.N` (node N-1), and
 torchrun `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (without it its restarted ranks
-fail: see TORCHRUN_ENV), and
+fail: see TORCHRUN_ENV). Node 0 starts first and the others once it serves the
+endpoint (on loopback torch lets any node serve it: the first to bind), and
 - restart (9a): `--nnodes 3 --max-restarts 1`; global rank 3 raises once all ranks
   are in their all-reduce loop (bench/ranks/node_round.py). Measured from rank 3's
   stamp until every rank of the restarted gang (attempt 1, all 3 nodes) has done its
@@ -26,6 +27,7 @@ settings, so the difference is how fast each learns, stops and starts.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +39,7 @@ from bench.stats import Metric, compared
 
 NNODES, NPROC = 3, 2
 FAIL_RANK = 3
-CONF = "join_timeout=120,last_call_timeout=1"
+CONF = "join_timeout=120,last_call_timeout=3"  # 3: all three meet in the first round
 CAP_S = 90.0  # per run: runaway protection, and the most a restart may take here
 POLL_S = 0.02  # how often stamp files are looked for (a bench, not the product)
 
@@ -99,7 +101,10 @@ def _once(ctx: Context, launcher: Launcher, kind: str, metric: Metric) -> float 
                 argv += ["--fail-rank", str(FAIL_RANK)]
             env = None if launcher.ours else TORCHRUN_ENV
             runs.append(launchers.spawn(launcher, node.token, argv, ctx.scratch, False, env))
-        result = _measure(ctx, launcher, kind, runs, d)
+            if n == 0 and not _serving(port, runs[0]):
+                ctx.problem(f"rounds {kind} ({launcher}): node 0 did not serve the endpoint")
+                return None
+        result = _measure(ctx, launcher, kind, runs, d, metric)
     finally:
         for r in runs:
             if r.exited_at is None:
@@ -111,7 +116,21 @@ def _once(ctx: Context, launcher: Launcher, kind: str, metric: Metric) -> float 
     return result
 
 
-def _measure(ctx: Context, launcher: Launcher, kind: str, runs: list[Run], d: Path) -> float | None:
+def _serving(port: int, run: Run) -> bool:
+    """Wait until node 0 serves the rendezvous endpoint before the others start: every
+    node's address is loopback, and torch lets whichever binds the port first serve it."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not run.wait_exit(0):
+        with socket.socket() as s:
+            if s.connect_ex((LOOPBACK, port)) == 0:
+                return True
+        time.sleep(POLL_S)
+    return False
+
+
+def _measure(
+    ctx: Context, launcher: Launcher, kind: str, runs: list[Run], d: Path, metric: Metric
+) -> float | None:
     deadline = time.monotonic() + CAP_S
     world = NNODES * NPROC
     while len(procs.read_stamps(d, "up")) < world:
@@ -141,6 +160,11 @@ def _measure(ctx: Context, launcher: Launcher, kind: str, runs: list[Run], d: Pa
         time.sleep(POLL_S)
     for r in runs:  # the survivors end by themselves (3 more steps)
         r.wait_exit(60)
+    born = procs.read_stamps(d, "born")
+    if len(born) == len(firsts):  # how much of it the launcher took: until its last rank ran
+        metric.extra.setdefault(f"{launcher}: last rank started", []).append(
+            max(born.values()) - t0
+        )
     return max(firsts.values()) - t0
 
 
