@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from subprocess import PIPE, Popen
 
 import pytest
 
@@ -42,6 +44,24 @@ def c10d(job: MultiJob, nnodes: str) -> list[str]:
         *("--nnodes", nnodes, "--rdzv-backend", "c10d"),
         *("--rdzv-endpoint", f"127.0.0.1:{job.port}"),
     ]
+
+
+def start_c10d(job: MultiJob, nodes: int, opts: list[str], args: list[str]) -> list[Popen[str]]:
+    """Node 0 first, the others once it serves the endpoint: the boxes share loopback, where
+    torch lets whichever node binds the port first serve the rendezvous (on real machines
+    only the endpoint's own node can), and these tests kill node 2."""
+    procs = job.start([opts], args)
+    wait_until(lambda: served(job.port) or procs[0].poll() is not None, 60, "node 0's store")
+    for n in range(1, nodes):
+        box = job.boxes[n]
+        argv = job.argv(n, opts, args)
+        procs.append(box.popen(argv, cwd=str(REPO), stdout=PIPE, stderr=PIPE, text=True))
+    return procs
+
+
+def served(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])
@@ -82,7 +102,7 @@ def test_a_rank_failure_on_node_2_restarts_every_node(mjob: MultiJob, backend: s
 def test_a_lost_node_under_an_elastic_range_leaves_a_smaller_world(mjob: MultiJob) -> None:
     opts = [*c10d(mjob, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
     # Attempt 0 computes (sleeps) until node 2 goes; attempt 1 runs its steps to the end.
-    procs = mjob.start([opts] * NNODES, ["--busy", "--busy-attempt", "0"])
+    procs = start_c10d(mjob, NNODES, opts, ["--busy", "--busy-attempt", "0"])
     mjob.wait_stamps(range(NNODES * NPROC), "busy")
     assert {mjob.env(r)["GROUP_RANK"] for r in node_ranks(2)} == {"2"}
     t0 = time.time()
@@ -125,7 +145,7 @@ def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) 
     job = spare_job
     opts = [*c10d(job, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
     args = ["--busy", "--busy-attempt", "0"]
-    procs = job.start([opts] * NNODES, args)
+    procs = start_c10d(job, NNODES, opts, args)
     job.wait_stamps(range(NNODES * NPROC), "busy")
     spare = job.boxes[3].popen(
         job.argv(3, opts, args),
