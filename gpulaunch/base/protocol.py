@@ -18,6 +18,9 @@ HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_TIMEOUT = 5.0
 # A node that was lost, not one of whose ranks failed: its status (sysexits' EX_TEMPFAIL).
 NODE_LOST_STATUS = 75
+# The `node` of a round's cause that is no node's failure: another node waits to join
+# (--nnodes MIN:MAX), so every node meets again to take it in.
+JOINING_NODE = -2
 
 
 class Backend(enum.StrEnum):

@@ -37,6 +37,7 @@ from typing import Any
 
 from gpulaunch.base.interrupts import INTERRUPTS, NOTICES
 from gpulaunch.base.protocol import (
+    JOINING_NODE,
     NODE_LOST_STATUS,
     Backend,
     Command,
@@ -290,12 +291,16 @@ class Peer:
         me = layout.node_rank
         watched = [n for n in range(layout.nnodes) if n != me and (me == 0 or n == 0)]
         seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
+        room = me == 0 and cfg.min_nodes is not None and layout.nnodes < cfg.nnodes
         while True:  # a timer, on purpose: silence is what it detects
             time.sleep(cfg.heartbeat_interval)
             if this_round != self.round:
                 return
             try:
                 store.add(f"hb/{me}", 1)
+                if room and self._handler.num_nodes_waiting() > 0:  # as torchrun's agent
+                    room = False
+                    self.publish(store, _joining())
                 now = time.monotonic()
                 for n in list(watched):
                     if store.check([f"done/{n}"]):
@@ -373,6 +378,11 @@ class Peer:
             # node did) or it died; either way there is nobody left to wait for.
             pass
         self.send(Event.FINISHED)
+
+
+def _joining() -> NodeFailure:
+    what = "a node waits to join (--nnodes MIN:MAX): the nodes meet again to take it in"
+    return NodeFailure(node=JOINING_NODE, host="", status=NODE_LOST_STATUS, what=what)
 
 
 def leave_rendezvous(handler: Any) -> None:

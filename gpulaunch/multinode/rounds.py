@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import enum
 
-from gpulaunch.base.protocol import NODE_LOST_STATUS, Backend, Layout, NodeConfig, NodeFailure
+from gpulaunch.base.protocol import (
+    JOINING_NODE,
+    NODE_LOST_STATUS,
+    Backend,
+    Layout,
+    NodeConfig,
+    NodeFailure,
+)
 
 
 class Next(enum.Enum):
@@ -19,7 +26,7 @@ class Next(enum.Enum):
 
     END = "end"  # the job ends on every node
     RESTART = "restart"  # a rank failed (or a node of a fixed-size c10d job was lost)
-    REGROUP = "regroup"  # --nnodes MIN:MAX: a node was lost, the others go on without it
+    REGROUP = "regroup"  # --nnodes MIN:MAX: a node was lost or waits to join: meet again
 
 
 def after_failure(
@@ -28,6 +35,8 @@ def after_failure(
     """What every node does after the round's first failure (each decides the same)."""
     if failure.rank is not None:  # a rank failed, on whichever node
         return Next.RESTART if layout.failures < max_restarts else Next.END
+    if failure.node == JOINING_NODE:  # a late or returning node (peer.py): not a failure
+        return Next.REGROUP
     lost = failure.status == NODE_LOST_STATUS and failure.node >= 0
     if not lost or failure.node == layout.node_rank or config.backend is not Backend.C10D:
         return Next.END  # interrupted, this node's own loss, or a static job's missing node

@@ -42,6 +42,8 @@ def next_round(watcher: Watcher) -> bool:
     else:
         left = f"--nnodes {nodes.peer.config.min_nodes}:{nodes.peer.config.nnodes}"
         doing = f"the other nodes go on without node {failure.node}"
+        if failure.node < 0:  # another node waits to join
+            doing = "every node starts again with it"
     watcher.output.message(f"gpulaunch: {failure.describe()}; {doing} ({left}): meeting them again")
     try:
         layout = nodes.next_round(watcher.wakeup_fd, why)

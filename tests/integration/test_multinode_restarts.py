@@ -172,3 +172,23 @@ def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) 
         assert done in node.stdout, node.stdout
     assert "attempt 0: node 2 (127.0.0.3): its watcher died" in ended[0].stderr
     assert job.env(4)["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+def test_a_node_that_starts_late_joins_at_the_next_round(mjob: MultiJob) -> None:
+    opts = [*c10d(mjob, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    args = ["--busy", "--busy-attempt", "0"]
+    procs = start_c10d(mjob, 2, opts, args)  # nodes 0 and 1: a world of 4
+    mjob.wait_stamps(range(2 * NPROC), "busy")
+    assert mjob.env(0)["WORLD_SIZE"] == "4"
+    late = mjob.boxes[2].popen(
+        mjob.argv(2, opts, args), cwd=str(REPO), stdout=PIPE, stderr=PIPE, text=True
+    )
+    ended = finish([*procs, late], mjob.boxes, timeout=240)
+    for e in ended:
+        assert e.returncode == 0, e.stderr
+        for rank in node_ranks(e.node):
+            done = f"rank {rank} of 6 done: local {rank % NPROC} node {e.node} of 3 attempt 1"
+            assert done in e.stdout, e.stdout
+    assert "attempt 0: a node waits to join (--nnodes MIN:MAX)" in ended[0].stderr
+    for node in range(NNODES):
+        wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")

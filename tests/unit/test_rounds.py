@@ -9,6 +9,7 @@ import json
 import pytest
 
 from gpulaunch.base.protocol import (
+    JOINING_NODE,
     NODE_LOST_STATUS,
     Backend,
     Command,
@@ -32,6 +33,7 @@ ELASTIC = dataclasses.replace(C10D, min_nodes=2)
 RANK_FAILED = NodeFailure(node=1, host="hostB", status=1, what="rank 3 exit 1", rank=3)
 LOST = NodeFailure(node=2, host="hostC", status=NODE_LOST_STATUS, what="its watcher died")
 INTERRUPTED = NodeFailure(node=1, host="hostB", status=143, what="interrupted by SIGTERM")
+JOINING = NodeFailure(node=JOINING_NODE, host="", status=NODE_LOST_STATUS, what="a node waits")
 STORE_GONE = NodeFailure(node=-1, host="hostA:29500", status=NODE_LOST_STATUS, what="store gone")
 
 
@@ -58,6 +60,8 @@ def used(failures: int) -> Layout:
         (INTERRUPTED, C10D, 0, 3, Next.END),
         (INTERRUPTED, ELASTIC, 0, 3, Next.END),
         (STORE_GONE, ELASTIC, 0, 3, Next.END),
+        # a node waits to join an elastic job: every node meets again, for free
+        (JOINING, ELASTIC, 0, 0, Next.REGROUP),
     ],
 )
 def test_what_follows_a_round(
