@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpulaunch.base.names import UnitNames
-from gpulaunch.base.protocol import Layout, NodeConfig, NodeFailure
+from gpulaunch.base.protocol import Layout, NodeConfig, NodeFailure, RoundEnd
 
 
 class Manager(enum.StrEnum):
@@ -397,6 +397,7 @@ class JobReport:
     restarts: int = 0  # how many times the gang was restarted (--max-restarts)
     layout: Layout | None = None  # multi-node: this node and the others
     node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
+    rounds: tuple[RoundEnd, ...] = ()  # multi-node: the attempts before the last, their causes
     hang: str | None = None  # hung, --dump-stacks: which ranks were in which collective
     stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (leases/accounting.py)

@@ -193,7 +193,11 @@ def add_torchrun_options(p: argparse.ArgumentParser) -> None:
 def _add_node_options(p: argparse.ArgumentParser) -> None:
     """torchrun's multi-node flags (docs/multinode.md); under srun, SLURM's variables."""
     g = p.add_argument_group("multi-node (one gpulaunch per node; see docs/multinode.md)")
-    g.add_argument("--nnodes", metavar="N", help="nodes in the job (default: 1, or SLURM's)")
+    g.add_argument(
+        "--nnodes",
+        metavar="N|MIN:MAX",
+        help="nodes in the job (default: 1, or SLURM's); MIN:MAX with c10d: elastic",
+    )
     g.add_argument(
         "--node-rank",
         "--node_rank",

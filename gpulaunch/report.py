@@ -137,6 +137,7 @@ def format_report(report: JobReport) -> str:
         if failure is not None and failure.node != report.layout.node_rank:
             if report.cause is not Cause.NODE_FAILED:  # e.g. this node was interrupted
                 lines.append(f"  the job's first failure: {failure.describe()}")
+        lines += [f"  {ended.describe()}; every node went on" for ended in report.rounds]
     lines += format_table(rows, indent="  ").splitlines()
     lines += usage_sources(report)
     if report.gpu_use is not None:

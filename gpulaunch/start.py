@@ -265,17 +265,17 @@ def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
     if cfg is None:
         return job
     from gpulaunch.multinode.peerlink import PeerLink
+    from gpulaunch.watcher.rounds import renumber
 
-    peer = PeerLink.spawn(cfg)
+    peer = PeerLink.spawn(cfg, job.draft)
     stack.callback(peer.close)
     output.message(
-        f"gpulaunch: job {job.spec.job}: waiting for {cfg.nnodes} nodes at {cfg.endpoint} "
+        f"gpulaunch: job {job.spec.job}: waiting for {cfg.wanted} nodes at {cfg.endpoint} "
         f"({cfg.backend} rendezvous)"
     )
-    spec = number_ranks(job.draft, layout=peer.join(wakeup))
+    spec, units = renumber(job.draft, peer.join(wakeup))
     assert spec.layout is not None
     output.place_node(spec.layout.first_rank, spec.world_size)
-    units = render_units(spec, Templates(job.draft.opts.units_dirs))
     return replace(job, spec=spec, units=units, peer=peer)
 
 

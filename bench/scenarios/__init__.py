@@ -22,6 +22,7 @@ from bench.scenarios import (
     metrics,
     nodes,
     output,
+    rounds,
     scale,
     watcher_kill,
 )
@@ -54,4 +55,5 @@ SCENARIOS = (
     Scenario("7", "cross-node stop", cross_node.run, _doc(cross_node), TWO),
     Scenario("8", "many nodes", nodes.run, _doc(nodes), (Launcher.DIRECT, Launcher.TORCHRUN)),
     Scenario("9", "metrics scrape", metrics.run, _doc(metrics), metrics.LAUNCHERS),
+    Scenario("10", "restarts across nodes", rounds.run, _doc(rounds), TWO),
 )

@@ -18,6 +18,9 @@ HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_TIMEOUT = 5.0
 # A node that was lost, not one of whose ranks failed: its status (sysexits' EX_TEMPFAIL).
 NODE_LOST_STATUS = 75
+# The `node` of a round's cause that is no node's failure: another node waits to join
+# (--nnodes MIN:MAX), so every node meets again to take it in.
+JOINING_NODE = -2
 
 
 class Backend(enum.StrEnum):
@@ -42,6 +45,12 @@ class NodeConfig:
     rdzv_conf: tuple[tuple[str, str], ...] = ()  # --rdzv-conf key=value pairs
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT
+    min_nodes: int | None = None  # --nnodes MIN:MAX (c10d): fewer than `nnodes` may go on
+
+    @property
+    def wanted(self) -> str:
+        """How many nodes the job meets, in words: "4", or "2 to 4" (--nnodes 2:4)."""
+        return f"{self.min_nodes} to {self.nnodes}" if self.min_nodes else str(self.nnodes)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -78,6 +87,10 @@ class Layout:
     run_id: str
     endpoint: str
     nodes: tuple[NodeInfo, ...] = field(default_factory=tuple)
+    # This round's TORCHELASTIC_RESTART_COUNT, and how many of its restarts were failures
+    # (--max-restarts), as the nodes agreed (a node that joins late learns them here).
+    attempt: int = 0
+    failures: int = 0
 
     @property
     def this_node(self) -> NodeInfo:
@@ -125,6 +138,25 @@ class NodeFailure:
         return f"node {self.node} ({self.host}): {self.what}"
 
 
+@dataclass(frozen=True)
+class RoundEnd:
+    """An attempt of a multi-node job that ended in a failure and was followed by another."""
+
+    attempt: int  # its TORCHELASTIC_RESTART_COUNT
+    cause: NodeFailure  # the round's first failure, any node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, **self.cause.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RoundEnd:
+        rest = {k: v for k, v in data.items() if k != "attempt"}
+        return cls(attempt=data["attempt"], cause=NodeFailure.from_dict(rest))
+
+    def describe(self) -> str:
+        return f"attempt {self.attempt}: {self.cause.describe()} (status {self.cause.status})"
+
+
 class Event(enum.StrEnum):
     """Peer -> watcher messages."""
 
@@ -139,6 +171,7 @@ class Command(enum.StrEnum):
 
     FAILED = "failed"  # failure: something on this node failed first (as far as we know)
     FINISH = "finish"  # our ranks are done: pass the exit barrier, then exit
+    NEXT_ROUND = "next-round"  # attempt, failures: our ranks are stopped; meet the others again
 
 
 def encode(kind: Event | Command, **body: Any) -> bytes:

@@ -26,6 +26,7 @@ from gpulaunch.base.journald import JOURNAL_SOCKET as JOURNAL_SOCKET  # their ho
 from gpulaunch.base.journald import encode as encode
 from gpulaunch.base.journald import send as send
 from gpulaunch.base.names import UnitNames
+from gpulaunch.base.protocol import RoundEnd
 from gpulaunch.errors import UnavailableError, UnknownJobError
 from gpulaunch.jobapi import whose
 from gpulaunch.jobapi.rankview import RankView, ranks_json
@@ -91,6 +92,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "LOG_DROPS", json.dumps([d.to_dict() for d in view.log_drops])))
     if view.gpu_use is not None:
         out.append((_PREFIX + "GPU_USE", json.dumps(view.gpu_use.to_dict())))
+    if view.rounds:  # the attempts of a multi-node job before its last, with their causes
+        out.append((_PREFIX + "ROUNDS", json.dumps([r.to_dict() for r in view.rounds])))
     if view.cause_error:
         out.append((_PREFIX + "CAUSE_ERROR", view.cause_error))
         out.append((_PREFIX + "CAUSE_ERROR_SOURCE", view.cause_error_source))
@@ -188,6 +191,10 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             ),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
             gpu_use=_gpu_use(entry),
+            rounds=tuple(
+                RoundEnd.from_dict(r)
+                for r in json.loads(_text(entry.get(_PREFIX + "ROUNDS")) or "[]")
+            ),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed gpulaunch record: {exc!r}") from exc

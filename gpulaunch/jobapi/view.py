@@ -25,7 +25,7 @@ from gpulaunch.base.names import bus_label as bus_label
 from gpulaunch.base.names import bus_name as bus_name
 from gpulaunch.base.names import is_job_name as is_job_name
 from gpulaunch.base.names import object_path as object_path
-from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
+from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo, RoundEnd
 from gpulaunch.jobapi.rankview import (  # RankView's home; also importable from here
     RANK_END_SIGNATURE as RANK_END_SIGNATURE,
 )
@@ -142,6 +142,7 @@ class JobView:
     interrupted_by: str = ""  # what interrupted it, when not a signal to its watcher
     log_drops: tuple[LogDrop, ...] = ()  # ranks of which the journal lacks lines (the end)
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (the end)
+    rounds: tuple[RoundEnd, ...] = ()  # multi-node: the attempts before the last (the end)
 
     @property
     def layout(self) -> Layout | None:
@@ -199,6 +200,7 @@ class JobView:
             "node_cause": None if self.node_failure is None else self.node_failure.to_dict(),
             "log_drops": [d.to_dict() for d in self.log_drops],
             "gpu_use": None if self.gpu_use is None else self.gpu_use.to_dict(),
+            "rounds": [r.to_dict() for r in self.rounds],
         }
 
     def report(self) -> JobReport:
@@ -230,6 +232,7 @@ class JobView:
             node_failure=self.node_failure,
             log_drops=self.log_drops,
             gpu_use=self.gpu_use,
+            rounds=self.rounds,
         )
 
     @classmethod
@@ -272,6 +275,7 @@ class JobView:
             interrupted_by="" if report is None else report.interrupted_by or "",
             log_drops=() if report is None else report.log_drops,
             gpu_use=None if report is None else report.gpu_use,
+            rounds=() if report is None else report.rounds,
         )
 
     def properties(self) -> dict[str, tuple[str, Any]]:

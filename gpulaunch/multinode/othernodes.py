@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpulaunch.base.protocol import NODE_LOST_STATUS, Event, Layout, NodeFailure
+from gpulaunch.base.protocol import NODE_LOST_STATUS, Event, Layout, NodeFailure, RoundEnd
 from gpulaunch.model import signal_name
 from gpulaunch.multinode.peerlink import PeerLink
+from gpulaunch.multinode.rounds import Next, after_failure
 
 ERROR_LINES_SHARED = 40  # of a failed rank's traceback, told to the other nodes
 
@@ -35,6 +36,8 @@ class OtherNodes:
         self._offered = False
         self._finishing = False
         self._unwatch: Callable[[int], object] = lambda fd: None
+        self.ended: list[RoundEnd] = []  # the earlier rounds of a job that restarted
+        self.next: Next | None = None  # what follows this round (after_round)
 
     def attach(
         self, watch: Callable[[int, Callable[[], None]], None], unwatch: Callable[[int], object]
@@ -42,6 +45,7 @@ class OtherNodes:
         self._unwatch = unwatch
         watch(self.peer.fileno(), self._on_message)
         watch(self.peer.pidfd, self._on_exit)
+        self._on_message()  # what came with the layout, if anything
 
     @property
     def elsewhere(self) -> tuple[float, int] | None:
@@ -86,6 +90,29 @@ class OtherNodes:
             self._finishing = True
             self.peer.tell_finish()
         return self.done
+
+    def after_round(self, interrupted: bool, max_restarts: int) -> Next | None:
+        """Once this node's ranks are all gone: what follows the round (None: this node's
+        failure is on its way to the store and back; no failure: the end)."""
+        if self.failure is None:
+            self.next = None if self._offered else Next.END
+        elif interrupted:  # this node was told to stop: it does not go on
+            self.next = Next.END
+        else:
+            self.next = after_failure(self.failure, self.layout, self.peer.config, max_restarts)
+        return self.next
+
+    def next_round(self, wakeup_fd: int, why: Next) -> Layout:
+        """Meet the other nodes again (blocks, as the first meeting does: no rank runs)."""
+        assert self.failure is not None
+        self.ended.append(RoundEnd(self.layout.attempt, self.failure))
+        failures = self.layout.failures + (why is Next.RESTART)
+        self.peer.tell_next_round(self.layout.attempt + 1, failures)
+        self.layout = self.peer.join(wakeup_fd)
+        self.failure = self.elsewhere_at = self.next = None
+        self._offered = False
+        self._on_message()  # what the peer said right after (the link is not readable again)
+        return self.layout
 
     def _on_message(self) -> None:
         for kind, body in self.peer.receive():

@@ -26,7 +26,6 @@ import datetime
 import json
 import logging
 import os
-import resource
 import signal
 import socket
 import sys
@@ -49,25 +48,21 @@ from gpulaunch.base.protocol import (
     encode,
 )
 from gpulaunch.linux import set_parent_death_signal
+from gpulaunch.multinode.rendezvous import (
+    joining,
+    leave_rendezvous,
+    round_prefix,
+    share_bootstrap,
+    take_hard_nofile,
+)
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)
-NOFILE_IF_UNLIMITED = 1 << 20  # fs.nr_open's default: an unlimited hard limit is no soft one
 
 
 def die_with_watcher(signum: int) -> None:
     """Until the job's units exist we are nobody's: die with the watcher (0: stop that)."""
     set_parent_death_signal(signum)
-
-
-def take_hard_nofile() -> None:
-    """Soft RLIMIT_NOFILE up to the hard limit: the store this peer may serve holds a
-    connection per peer (4) and per rank of every node; at the user's usual 1024 it
-    would refuse them beyond about 85 nodes of 8 ranks. The peer starts no process."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else NOFILE_IF_UNLIMITED
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 class UnresolvableHost(Exception):
@@ -114,6 +109,9 @@ class Peer:
         self.host = config.local_addr or socket.getfqdn()
         self._handler: Any = None  # keeps torch's rendezvous (and any store it serves) alive
         self._cause_told = threading.Event()
+        self.round = 0  # rendezvous so far: a thread of an older round ends (rounds, below)
+        self._prefix = ""  # this round's keys in the job's store
+        self._ranks_store: Any = None  # a restarted round's store for the ranks (node 0)
 
     # -- talking to the watcher ------------------------------------------
 
@@ -152,7 +150,15 @@ class Peer:
         store.set_timeout(datetime.timedelta(seconds=timeout))
         return PrefixStore(f"gpulaunch/{self.config.run_id}/", store)
 
-    def rendezvous(self) -> Layout:
+    def _store(self, timeout: float) -> Any:
+        """A connection to this round's keys of the job's store."""
+        from torch._C._distributed_c10d import PrefixStore
+
+        return PrefixStore(self._prefix, self._client(timeout))
+
+    def rendezvous(self, attempt: int = 0, failures: int = 0) -> Layout:
+        """Meet the other nodes (again, for a restart: torch's next round, as torchrun's
+        agent does); `attempt`, `failures`: this node's count, the round takes the most."""
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -160,27 +166,33 @@ class Peer:
         conf: dict[str, Any] = dict(cfg.rdzv_conf)
         if cfg.backend is Backend.STATIC:
             conf["rank"] = cfg.node_rank
-        params = RendezvousParameters(
-            backend=cfg.backend.value,
-            endpoint=cfg.endpoint,
-            run_id=cfg.run_id,
-            min_nodes=cfg.nnodes,
-            max_nodes=cfg.nnodes,
-            local_addr=cfg.local_addr,
-            **conf,
-        )
-        self._handler = get_rendezvous_handler(params)
+        if self._handler is None:
+            params = RendezvousParameters(
+                backend=cfg.backend.value,
+                endpoint=cfg.endpoint,
+                run_id=cfg.run_id,
+                min_nodes=cfg.min_nodes or cfg.nnodes,
+                max_nodes=cfg.nnodes,
+                local_addr=cfg.local_addr,
+                **conf,
+            )
+            self._handler = get_rendezvous_handler(params)
         info = self._handler.next_rendezvous()
         node_rank, nnodes = info.rank, info.world_size
-        store = self._client(timeout=self.join_timeout)
+        self.round += 1
+        if node_rank == 0 and cfg.backend is Backend.C10D:
+            share_bootstrap(info)
+        self._prefix = round_prefix(cfg.backend, info, attempt)
+        store = self._store(timeout=self.join_timeout)
         me = {"host": self.host, "nproc": cfg.nproc, "pid": os.getppid()}
         store.add(f"hb/{node_rank}", 0)  # before we announce: every node's counter exists
-        store.set(f"node/{node_rank}", json.dumps(me))
+        store.set(f"node/{node_rank}", json.dumps({**me, "attempt": attempt, "failures": failures}))
         keys = [f"node/{n}" for n in range(nnodes)]
         store.wait(keys)
         nodes, first = [], 0
         for n, raw in enumerate(store.multi_get(keys)):
             data = json.loads(raw)
+            attempt, failures = max(attempt, data["attempt"]), max(failures, data["failures"])
             nodes.append(
                 NodeInfo(
                     node=n,
@@ -191,18 +203,35 @@ class Peer:
                 )
             )
             first += data["nproc"]
-        boot = info.bootstrap_store_info
+        addr, port = info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port
+        if attempt > 0:  # a fresh store for the ranks: no key of the last round's world
+            addr, port = self._fresh_ranks_store(store, node_rank, addr)
         return Layout(
             node_rank=node_rank,
             nnodes=nnodes,
             world_size=first,
-            master_addr=boot.master_addr,
-            master_port=boot.master_port,
+            master_addr=addr,
+            master_port=port,
             use_agent_store=bool(self._handler.use_agent_store),
             run_id=cfg.run_id,
             endpoint=cfg.endpoint,
             nodes=tuple(nodes),
+            attempt=attempt,
+            failures=failures,
         )
+
+    def _fresh_ranks_store(self, store: Any, node_rank: int, addr: str) -> tuple[str, int]:
+        """Node 0 serves the ranks of a restarted round a new store; the others learn where."""
+        from torch._C._distributed_c10d import TCPStore
+
+        if node_rank == 0:
+            self._ranks_store = None  # the last round's goes
+            self._ranks_store = TCPStore(
+                addr.strip("[]"), 0, is_master=True, wait_for_workers=False, multi_tenant=True
+            )
+            store.set("ranks_store", json.dumps([addr, self._ranks_store.port]))
+        addr, port = json.loads(store.get("ranks_store"))
+        return str(addr), int(port)
 
     def publish(self, store: Any, failure: NodeFailure) -> None:
         """Make `failure` the job's cause unless another node's came first."""
@@ -210,21 +239,27 @@ class Peer:
 
     # -- the three activities ---------------------------------------------
 
+    def start_round(self) -> None:
+        """The cause watch and the heartbeat of this round (they end with it)."""
+        _thread(self.watch_cause, "cause-watch")
+        _thread(self.heartbeat, "heartbeat")
+
     def watch_cause(self) -> None:
+        this_round = self.round
         try:
-            store = self._client(timeout=self.join_timeout)  # slow is not gone
+            store = self._store(timeout=self.join_timeout)  # slow is not gone
             store.wait(["cause"], FOREVER)
             failure = NodeFailure.from_dict(json.loads(store.get("cause")))
         except Exception:  # noqa: BLE001 - any store error means the store went away
             if self.finishing.is_set():
                 return
             failure = self._store_lost()
-        self.tell_cause(failure)
+        self.tell_cause(failure, this_round)
 
-    def tell_cause(self, failure: NodeFailure) -> None:
-        """The job's first failure, to the watcher, once (the watch or the barrier may)."""
+    def tell_cause(self, failure: NodeFailure, this_round: int) -> None:
+        """The round's first failure, to the watcher, once (the watch or the barrier may)."""
         with self._send_lock:
-            if self._cause_told.is_set():
+            if self._cause_told.is_set() or this_round != self.round:
                 return
             self._cause_told.set()
         self.send(Event.CAUSE, failure=failure.to_dict())
@@ -242,7 +277,8 @@ class Peer:
         )
 
     def heartbeat(self) -> None:
-        """Beat until the job ends; a heartbeat that stops is this node's failure, said.
+        """Beat until this round or the job ends; a heartbeat that stops is this node's
+        failure, said.
 
         A slow store is no lost node: an answer later than the heartbeat timeout (node
         0 on a loaded machine) costs a new connection (the late answer would still come
@@ -251,28 +287,45 @@ class Peer:
         from torch.distributed import DistStoreError  # a timeout; the store gone is another
 
         assert self.layout is not None
-        me = self.layout.node_rank
-        watched = [n for n in range(self.layout.nnodes) if n != me and (me == 0 or n == 0)]
+        layout, cfg, this_round = self.layout, self.config, self.round
+        me = layout.node_rank
+        watched = [n for n in range(layout.nnodes) if n != me and (me == 0 or n == 0)]
         seen: dict[int, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
+        # node 0 of an elastic job with room for more: it asks torch for waiting nodes
+        room = [me == 0 and cfg.min_nodes is not None and layout.nnodes < cfg.nnodes]
         connected = False
         try:
-            while True:
-                store = self._client(timeout=self.config.heartbeat_timeout)
+            while this_round == self.round:
+                store = self._store(timeout=cfg.heartbeat_timeout)
                 connected = True
                 try:
-                    self._beat(store, watched, seen)
+                    self._beat(store, watched, seen, this_round, room)
                 except DistStoreError:
                     continue
         except Exception as exc:  # noqa: BLE001 - whatever stopped it, the job must hear
-            self._heartbeat_stopped(connected, exc)
+            if this_round == self.round:
+                self._heartbeat_stopped(connected, exc)
 
-    def _beat(self, store: Any, watched: list[int], seen: dict[int, tuple[int, float]]) -> None:
+    def _beat(
+        self,
+        store: Any,
+        watched: list[int],
+        seen: dict[int, tuple[int, float]],
+        this_round: int,
+        room: list[bool],
+    ) -> None:
+        """Beat, and watch the others' beats, until the round ends (then return)."""
         assert self.layout is not None
         layout, cfg = self.layout, self.config
         me = layout.node_rank
         while True:  # a timer, on purpose: silence is what it detects
             time.sleep(cfg.heartbeat_interval)
+            if this_round != self.round:
+                return
             store.add(f"hb/{me}", 1)
+            if room[0] and self._handler.num_nodes_waiting() > 0:  # as torchrun's agent
+                room[0] = False
+                self.publish(store, joining())
             if not watched:
                 continue
             now = time.monotonic()
@@ -308,7 +361,7 @@ class Peer:
         me = self.layout.this_node
         failure = NodeFailure(node=me.node, host=me.host, status=NODE_LOST_STATUS, what=what)
         try:
-            self.publish(self._client(timeout=self.config.heartbeat_timeout), failure)
+            self.publish(self._store(timeout=self.config.heartbeat_timeout), failure)
         except Exception:  # noqa: BLE001 - then our silence tells them
             pass
 
@@ -327,11 +380,11 @@ class Peer:
     def commands(self) -> int:
         """Serve the watcher until it says finish (0) or dies (1)."""
         assert self.layout is not None
-        store = self._client(timeout=self.join_timeout)  # slow is not gone
-        me = self.layout.this_node
+        store = self._store(timeout=self.join_timeout)  # slow is not gone
         buffer = b""
         while True:
             chunk = self.link.recv(65536)
+            me = self.layout.this_node
             if not chunk:
                 self.publish(
                     store,
@@ -340,6 +393,7 @@ class Peer:
                     ),
                 )
                 store.set(f"done/{me.node}", "lost")
+                leave_rendezvous(self._handler)
                 return 1
             buffer += chunk
             while b"\n" in buffer:
@@ -350,6 +404,13 @@ class Peer:
                 elif kind == Command.FINISH:
                     self.finish(store)
                     return 0
+                elif kind == Command.NEXT_ROUND:
+                    store.set(f"done/{me.node}", "next")  # no node's exit barrier waits for us
+                    self.layout = self.rendezvous(body["attempt"], body["failures"])
+                    self._cause_told.clear()
+                    self.send(Event.JOINED, layout=self.layout.to_dict())
+                    self.start_round()
+                    store = self._store(timeout=self.join_timeout)
 
     def finish(self, store: Any) -> None:
         """The exit barrier: set our `done`, wait for every node's; then say so."""
@@ -359,7 +420,8 @@ class Peer:
             store.set(f"done/{self.layout.node_rank}", "done")
             store.wait([f"done/{n}" for n in range(self.layout.nnodes)], FOREVER)
             if store.check(["cause"]):  # make sure the watcher has it before it reports
-                self.tell_cause(NodeFailure.from_dict(json.loads(store.get("cause"))))
+                cause = NodeFailure.from_dict(json.loads(store.get("cause")))
+                self.tell_cause(cause, self.round)
         except Exception:  # noqa: BLE001
             # The store went away: the node serving it passed the barrier (and so every
             # node did) or it died; either way there is nobody left to wait for.
@@ -397,8 +459,7 @@ def main() -> int:
     peer.send(Event.JOINED, layout=peer.layout.to_dict())
     # From now on we share the watcher's scope, and its death is news we tell the others.
     die_with_watcher(0)
-    _thread(peer.watch_cause, "cause-watch")
-    _thread(peer.heartbeat, "heartbeat")
+    peer.start_round()
     try:
         return peer.commands()
     except Exception as exc:  # noqa: BLE001 - the store went away under a command

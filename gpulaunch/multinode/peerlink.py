@@ -11,7 +11,7 @@ import selectors
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulaunch.base.interrupts import INTERRUPTS, pending
 from gpulaunch.base.procs import HeldChild, WaitStatus, kill_held, reap, spawn_held
@@ -27,6 +27,9 @@ from gpulaunch.base.protocol import (
 from gpulaunch.errors import GpulaunchError, NodeLinkError
 from gpulaunch.model import signal_name
 
+if TYPE_CHECKING:  # only its name: the import chain stays short (tests/unit/test_layout.py)
+    from gpulaunch.plan.spec import JobDraft
+
 
 class Interrupted(GpulaunchError):
     """A signal arrived before the job started (while the nodes were meeting)."""
@@ -41,12 +44,14 @@ class PeerLink:
     child: HeldChild
     sock: socket.socket
     config: NodeConfig
+    draft: JobDraft | None = None  # to number the ranks of each round (multinode/rounds.py)
     exited: WaitStatus | None = None
     closed: bool = False  # the peer closed its end
     _buffer: bytes = field(default=b"", repr=False)
+    _early: list[tuple[str, dict[str, Any]]] = field(default_factory=list, repr=False)
 
     @classmethod
-    def spawn(cls, config: NodeConfig) -> PeerLink:
+    def spawn(cls, config: NodeConfig, draft: JobDraft | None = None) -> PeerLink:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
         try:
@@ -62,7 +67,7 @@ class PeerLink:
             theirs.close()
         child.release()
         ours.setblocking(False)
-        return cls(child=child, sock=ours, config=config)
+        return cls(child=child, sock=ours, config=config, draft=draft)
 
     @property
     def pid(self) -> int:
@@ -88,8 +93,10 @@ class PeerLink:
                             if signum in INTERRUPTS:  # a notice (SIGUSR1) waits for ranks
                                 raise Interrupted(signum)
                         continue
-                    for kind, body in self.receive():
+                    messages = self.receive()
+                    for i, (kind, body) in enumerate(messages):
                         if kind == Event.JOINED:
+                            self._early = messages[i + 1 :]  # the round's, for the loop
                             return Layout.from_dict(body["layout"])
                         if kind == Event.ERROR:
                             raise self._join_error(body["message"])
@@ -121,13 +128,17 @@ class PeerLink:
             self._buffer += chunk
         lines = self._buffer.split(b"\n")
         self._buffer = lines.pop()
-        return [decode(line) for line in lines if line]
+        early, self._early = self._early, []
+        return early + [decode(line) for line in lines if line]
 
     def tell_failed(self, failure: NodeFailure) -> None:
         self._send(encode(Command.FAILED, failure=failure.to_dict()))
 
     def tell_finish(self) -> None:
         self._send(encode(Command.FINISH))
+
+    def tell_next_round(self, attempt: int, failures: int) -> None:
+        self._send(encode(Command.NEXT_ROUND, attempt=attempt, failures=failures))
 
     def _send(self, data: bytes) -> None:
         try:

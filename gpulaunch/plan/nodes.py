@@ -50,25 +50,25 @@ class NodePlan:
         return replace(self.config, job=job, nproc=nproc, run_id=self.config.run_id or job)
 
 
-def parse_nnodes(text: str) -> int:
-    """torchrun's --nnodes: N, or MIN:MAX (elastic), which gpulaunch takes only as N:N."""
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """torchrun's --nnodes: N, or MIN:MAX (elastic: the job goes on with MIN to MAX nodes)."""
     low, _, high = text.partition(":")
     try:
         numbers = (int(low), int(high or low))
     except ValueError:
         raise UsageError(
-            f"--nnodes must be a number of nodes, not {text!r}", "e.g. --nnodes 4"
+            f"--nnodes must be a number of nodes, not {text!r}", "e.g. --nnodes 4 or --nnodes 2:4"
         ) from None
-    if numbers[0] != numbers[1]:
+    for n in numbers:
+        if not 1 <= n <= MAX_NNODES:
+            raise UsageError(
+                f"--nnodes must be between 1 and {MAX_NNODES}, not {n}", "e.g. --nnodes 4"
+            )
+    if numbers[0] > numbers[1]:
         raise UsageError(
-            f"--nnodes {text}: elastic node ranges are not supported",
-            "give the number of nodes, e.g. --nnodes 4",
+            f"--nnodes {text}: the minimum is more than the maximum", "e.g. --nnodes 2:4"
         )
-    if not 1 <= numbers[0] <= MAX_NNODES:
-        raise UsageError(
-            f"--nnodes must be between 1 and {MAX_NNODES}, not {numbers[0]}", "e.g. --nnodes 4"
-        )
-    return numbers[0]
+    return numbers
 
 
 def split_endpoint(text: str, default_port: int, flag: str) -> tuple[str, int]:
@@ -125,8 +125,9 @@ def plan_nodes(
     default_job = opts.rdzv_id
     if default_job is None and slurm is not None:
         default_job = slurm_job_name(slurm.job_id, slurm.step_id, stem)
+    min_nodes = None
     if opts.nnodes is not None:
-        nnodes = parse_nnodes(opts.nnodes)
+        min_nodes, nnodes = parse_nnodes(opts.nnodes)
     elif slurm is not None:
         if slurm.step_id is None and slurm.nnodes > 1:
             raise UsageError(
@@ -166,10 +167,11 @@ def plan_nodes(
                 "give the number of nodes with --nnodes",
             )
         return NodePlan(None, default_job, master_addr or LOCALHOST, master_port)
-    if max_restarts:
+    if min_nodes is not None and min_nodes != nnodes and backend is not Backend.C10D:
         raise UsageError(
-            "--max-restarts is not supported for multi-node jobs yet",
-            "drop it: a failure on any node stops the job on every node",
+            f"--nnodes {opts.nnodes}: a range of nodes needs the c10d rendezvous "
+            "(the static one numbers a fixed set of nodes)",
+            "add --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or give one number",
         )
     if backend is Backend.STATIC:
         if opts.rdzv_endpoint is not None:
@@ -209,5 +211,6 @@ def plan_nodes(
         node_rank=node_rank,
         local_addr=opts.local_addr,
         rdzv_conf=_conf(opts.rdzv_conf),
+        min_nodes=min_nodes if min_nodes != nnodes else None,
     )
     return NodePlan(config, default_job, master_addr or LOCALHOST, master_port)

@@ -221,11 +221,11 @@ def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
     else:
         if layout is None:  # before the rendezvous: only to check the options
             addr, port, agent_store = nodes.master_addr, 0, True
-            first, world, node_rank = 0, nproc, 0
+            first, world, node_rank, nnodes = 0, nproc, 0, node_config.nnodes
         else:
             addr, port, agent_store = layout.master_addr, layout.master_port, layout.use_agent_store
             first, world, node_rank = layout.first_rank, layout.world_size, layout.node_rank
-        nnodes = node_config.nnodes
+            nnodes = layout.nnodes  # --nnodes MIN:MAX: as many as the rendezvous settled
     argv = opts.launch.argv(opts.script, opts.args)
     ranks = tuple(
         RankSpec(

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from gpulaunch.base.interrupts import NOTICES, pending
 from gpulaunch.base.procs import kill_and_reap, reap
-from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.journal import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
@@ -36,6 +35,7 @@ from gpulaunch.model import (
 )
 from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
+from gpulaunch.multinode.rounds import Next
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.progress.channel import ProgressChannel
 from gpulaunch.recovery.settings import RecoveryOptions
@@ -51,6 +51,7 @@ from gpulaunch.watcher.notices import pass_on, preempt
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
+from gpulaunch.watcher.rounds import next_round, on_elsewhere
 from gpulaunch.watcher.settle import Settle
 from gpulaunch.watcher.unmanaged import end_ranks
 
@@ -95,7 +96,7 @@ class Watcher(EventLoop):
         self.observers = tuple(observers)
         self.output = output or Output(OutputOptions(), spec.world_size)
         self.journal = journal  # whether the pumps write to journald
-        self.attempt = 0  # restarts of the whole gang so far (--max-restarts)
+        self.attempt = spec.layout.attempt if spec.layout else 0  # restarts so far, any node
         self._settle = Settle(spec.grace_sec)  # see _finished
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
@@ -109,7 +110,7 @@ class Watcher(EventLoop):
         self.steps = ProgressChannel(spec, lambda: self.ranks, self.output.message, journal)
         if peer is not None:
             assert spec.layout is not None
-            self.nodes = OtherNodes(peer, spec.layout, clock, self._on_elsewhere)
+            self.nodes = OtherNodes(peer, spec.layout, clock, lambda f: on_elsewhere(self, f))
 
     # -- the loop ---------------------------------------------------------
 
@@ -159,10 +160,17 @@ class Watcher(EventLoop):
 
     def _restart(self) -> bool:
         """After a failure, start the gang again if recovery/ says so (--max-restarts, ...)."""
+        if self.nodes is not None:  # every node's gang, together (watcher/rounds.py)
+            return next_round(self)
         report, stopping = self.report(), self._stopping_asked()  # (its cause rank's error read)
         if not self.recovery.restart(report, self._exits(), stopping, self.output.message):
             return False
         self.attempt += 1
+        self.new_attempt()
+        return True
+
+    def new_attempt(self) -> None:
+        """The gang of the next attempt, in new containment (the last one stopped)."""
         if self.hang is not None:
             self.hang.hung_at = None  # that hang caused this restart, not the job's end
         self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
@@ -172,7 +180,6 @@ class Watcher(EventLoop):
         self._all_forked = False
         self._set_phase(Phase.STARTING)
         self._run(self.supervisor.renew_gang())
-        return True
 
     def _stopping_asked(self) -> bool:
         """Interrupted, or another node failed: no (more) ranks to start."""
@@ -221,7 +228,7 @@ class Watcher(EventLoop):
             ranks=tuple(r.progress() for r in self.ranks),
             attempt=self.attempt,
             watcher_pid=os.getpid(),
-            node_failure=self.node_failure,
+            node_failure=self.nodes.failure if self.nodes else None,
         )
 
     def _finished(self) -> bool:
@@ -239,8 +246,11 @@ class Watcher(EventLoop):
         done = not self.gang_stopping and output_done
         if not done or self.nodes is None:
             return done
-        # Through the exit barrier: a store our peer serves stays until every node is done.
-        return self.nodes.finish()
+        ending = self.interrupt is not None or self.start_error is not None
+        after = self.nodes.after_round(ending, self.spec.max_restarts)  # None: its cause comes
+        # Through the exit barrier (a store our peer serves stays until every node is done),
+        # unless every node goes on to another round.
+        return after is not None and (after is not Next.END or self.nodes.finish())
 
     # -- starting ---------------------------------------------------------
 
@@ -436,17 +446,6 @@ class Watcher(EventLoop):
         self._begin_stop()
         self._poke()
 
-    @property
-    def node_failure(self) -> NodeFailure | None:
-        """A multi-node job's first failure, on any node (None: none, or one node)."""
-        return self.nodes.failure if self.nodes is not None else None
-
-    def _on_elsewhere(self, failure: NodeFailure) -> None:
-        """Another node failed first: stop ours."""
-        self.output.message(f"gpulaunch: {failure.describe()}; stopping this node's ranks")
-        if self.phase is not Phase.STARTING:
-            self._begin_stop()
-
     # -- stopping ---------------------------------------------------------
 
     def _begin_stop(self) -> None:
@@ -491,7 +490,8 @@ class Watcher(EventLoop):
             interrupted_by=self.interrupted_by,
             start_error=self.start_error,
             restarts=self.attempt,
-            node_failure=self.node_failure,
+            node_failure=self.nodes.failure if self.nodes else None,
+            rounds=tuple(self.nodes.ended) if self.nodes else (),
             rank_error=self._rank_error,
             hang=self.hang.summary if self.hang else None,
             stacks=self.hang.stacks if self.hang else None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpulaunch.base.protocol import NodeFailure
+from gpulaunch.base.protocol import NodeFailure, RoundEnd
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.model import Cause, JobReport, JobSpec, Outcome, RankResult
 from gpulaunch.watcher.ranks import Rank
@@ -20,6 +20,7 @@ def job_report(
     start_error: GpulaunchError | None,
     restarts: int,
     node_failure: NodeFailure | None,
+    rounds: Sequence[RoundEnd] = (),
     rank_error: Callable[[int], tuple[str | None, str | None]],
     hang: str | None = None,
     stacks: str | None = None,
@@ -55,6 +56,7 @@ def job_report(
         restarts=restarts,
         layout=spec.layout,
         node_failure=node_failure,
+        rounds=tuple(rounds),
         hang=hang,  # hung, or --dump-stacks at a failure: where the ranks were
         stacks=stacks,
         recovery=recovery,

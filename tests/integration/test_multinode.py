@@ -382,10 +382,10 @@ def test_slurm_environment_places_the_nodes(mjob: MultiJob) -> None:
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--nnodes", "1:4"], "elastic node ranges are not supported"),
+        (["--nnodes", "1:4"], "a range of nodes needs the c10d rendezvous"),
         (["--nnodes", "2", "--rdzv-backend", "c10d"], "needs --rdzv-endpoint"),
         (["--nnodes", "2", "--node-rank", "2"], "node rank 2 is not a node of a 2-node job"),
-        (["--nnodes", "2", "--max-restarts", "1"], "--max-restarts is not supported"),
+        (["--nnodes", "3:2"], "the minimum is more than the maximum"),
         (["--nnodes", "2", "--rdzv-backend", "etcd"], "--rdzv-backend etcd is not supported"),
     ],
 )

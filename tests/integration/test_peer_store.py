@@ -187,7 +187,7 @@ def test_connection_waits_for_a_store_that_accepts_late(door: Door) -> None:
 
     def connect() -> None:
         try:
-            got.append(peer._client(timeout=HEARTBEAT_TIMEOUT))
+            got.append(peer._store(timeout=HEARTBEAT_TIMEOUT))
         except Exception as exc:  # noqa: BLE001 - the defect: reported below
             failed.append(exc)
 
@@ -223,7 +223,7 @@ def test_heartbeat_that_stops_is_a_reported_node_failure(
     door.open()
     peer, link = peer_of(door.port)
     heartbeat = started(peer.heartbeat)
-    others = peer_of(store[1])[0]._client(timeout=30.0)  # straight to the store
+    others = peer_of(store[1])[0]._store(timeout=30.0)  # straight to the store
     others.wait(["hb/1"])  # it beats
     door.cut()
     kind, body = next_message(link, within=60)
@@ -242,7 +242,7 @@ def test_store_gone_is_told_by_the_cause_watch_not_the_heartbeat(
     proc, port = store
     peer, link = peer_of(port, join_timeout=1.0)
     watch, heartbeat = started(peer.watch_cause), started(peer.heartbeat)
-    peer._client(timeout=30.0).wait(["hb/1"])
+    peer._store(timeout=30.0).wait(["hb/1"])
     proc.kill()
     kind, body = next_message(link, within=60)
     assert kind == Event.CAUSE
@@ -262,7 +262,7 @@ def test_node_0_finds_the_silent_node_among_many(
     proc, port = store
     nnodes = 50
     peer, _ = peer_of(port, node_rank=0, nnodes=nnodes)
-    others = peer._client(timeout=30.0)
+    others = peer._store(timeout=30.0)
     for n in range(nnodes):  # what every node's rendezvous leaves
         others.add(f"hb/{n}", 0)
     if finished:
@@ -301,7 +301,7 @@ def test_node_0_finds_the_silent_node_among_many(
 SERVE_MANY = """
 import resource, time
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-from gpulaunch.multinode.peer import take_hard_nofile
+from gpulaunch.multinode.rendezvous import take_hard_nofile
 take_hard_nofile()
 from torch._C._distributed_c10d import TCPStore
 store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -350,7 +350,7 @@ def test_heartbeat_outlives_an_answer_later_than_its_timeout(
     (not there yet), takes a new connection, and goes on watching."""
     proc, port = store
     peer, link = peer_of(port, node_rank=0)
-    others = peer._client(timeout=30.0)
+    others = peer._store(timeout=30.0)
     heartbeat = started(peer.heartbeat)
     others.wait(["hb/0"])
     first = int(others.get("hb/0"))

@@ -119,18 +119,27 @@ def usage_error(**kw: object) -> UsageError:
 
 
 @pytest.mark.parametrize(
-    ("text", "nnodes"), [("1", 1), ("2", 2), ("16", 16), ("4:4", 4), ("1:1", 1), (" 3 ", 3)]
+    ("text", "nnodes"),
+    [
+        ("1", (1, 1)),
+        ("2", (2, 2)),
+        ("16", (16, 16)),
+        ("4:4", (4, 4)),
+        ("1:1", (1, 1)),
+        (" 3 ", (3, 3)),
+        ("2:4", (2, 4)),
+        ("1:4", (1, 4)),
+    ],
 )
-def test_parse_nnodes(text: str, nnodes: int) -> None:
+def test_parse_nnodes(text: str, nnodes: tuple[int, int]) -> None:
     assert parse_nnodes(text) == nnodes
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("1:4", "--nnodes 1:4: elastic node ranges are not supported"),
-        ("2:3", "--nnodes 2:3: elastic node ranges are not supported"),
-        ("4:2", "--nnodes 4:2: elastic node ranges are not supported"),
+        ("4:2", "--nnodes 4:2: the minimum is more than the maximum"),
+        ("2:0", "--nnodes must be between 1 and 65536, not 0"),
         ("0", "--nnodes must be between 1 and 65536, not 0"),
         ("0:0", "--nnodes must be between 1 and 65536, not 0"),
         ("-2", "--nnodes must be between 1 and 65536, not -2"),
@@ -148,10 +157,25 @@ def test_parse_nnodes_refuses(text: str, message: str) -> None:
     assert info.value.exit_code == 2
 
 
-def test_elastic_ranges_hint_at_a_fixed_count() -> None:
-    with pytest.raises(UsageError) as info:
-        parse_nnodes("1:4")
-    assert info.value.hint == "give the number of nodes, e.g. --nnodes 4"
+def test_elastic_ranges_need_c10d() -> None:
+    err = usage_error(nnodes="2:4")
+    assert err.message.startswith("--nnodes 2:4: a range of nodes needs the c10d rendezvous")
+    assert err.hint == "add --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or give one number"
+
+
+def test_elastic_range_with_c10d_sets_the_minimum() -> None:
+    p = plan(nnodes="2:4", rdzv_backend="c10d", rdzv_endpoint="rdv", max_restarts=3)
+    assert p.config is not None
+    assert (p.config.min_nodes, p.config.nnodes, p.config.wanted) == (2, 4, "2 to 4")
+    fixed = plan(nnodes="3:3", rdzv_backend="c10d", rdzv_endpoint="rdv")
+    assert fixed.config is not None and (fixed.config.min_nodes, fixed.config.wanted) == (None, "3")
+
+
+@pytest.mark.parametrize("backend", [None, "c10d"])
+def test_max_restarts_with_several_nodes(backend: str | None) -> None:
+    kw = {"rdzv_backend": backend, "rdzv_endpoint": "rdv"} if backend else {}
+    p = plan(nnodes="2", max_restarts=3, **kw)  # type: ignore[arg-type]
+    assert p.config is not None and p.config.nnodes == 2
 
 
 # -- endpoints ---------------------------------------------------------------------
@@ -402,7 +426,11 @@ def test_without_rdzv_id_the_run_id_is_the_job() -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"nnodes": "1:4"}, "--nnodes 1:4: elastic node ranges are not supported"),
+        (
+            {"nnodes": "1:4"},
+            "--nnodes 1:4: a range of nodes needs the c10d rendezvous "
+            "(the static one numbers a fixed set of nodes)",
+        ),
         ({"nnodes": "0"}, "--nnodes must be between 1 and 65536, not 0"),
         ({"nnodes": "abc"}, "--nnodes must be a number of nodes, not 'abc'"),
         (
@@ -427,14 +455,6 @@ def test_without_rdzv_id_the_run_id_is_the_job() -> None:
         ({"nnodes": "2", "node_rank": -1}, "node rank -1 is not a node of a 2-node job"),
         ({"node_rank": 1}, "--node-rank 1 needs --nnodes greater than 1"),
         ({"nnodes": "1", "node_rank": 3}, "--node-rank 3 needs --nnodes greater than 1"),
-        (
-            {"nnodes": "2", "max_restarts": 1},
-            "--max-restarts is not supported for multi-node jobs yet",
-        ),
-        (
-            {"nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "rdv", "max_restarts": 3},
-            "--max-restarts is not supported for multi-node jobs yet",
-        ),
         (
             {"nnodes": "2", "rdzv_conf": "timeout"},
             "--rdzv-conf 'timeout': 'timeout' is not KEY=VALUE",
@@ -490,7 +510,6 @@ def test_usage_errors(kw: dict[str, object], message: str) -> None:
         ),
         ({"nnodes": "2", "rdzv_backend": "c10d"}, "the same on every node"),
         ({"nnodes": "2", "node_rank": 5}, "give --node-rank 0 to 1"),
-        ({"nnodes": "2", "max_restarts": 1}, "drop it"),
         ({"env": BATCH_2_NODES}, "srun --ntasks-per-node=1 gpulaunch start"),
     ],
 )
@@ -577,8 +596,8 @@ def test_batch_script_with_explicit_nnodes_1_is_a_single_node_job() -> None:
 
 
 def test_max_restarts_under_a_multi_node_slurm_step() -> None:
-    err = usage_error(env=SRUN_STEP, max_restarts=2)
-    assert err.message == "--max-restarts is not supported for multi-node jobs yet"
+    p = plan(env=SRUN_STEP, max_restarts=2)
+    assert p.config is not None and p.config.nnodes > 1
 
 
 # -- make_spec: the ranks of one node ----------------------------------------------------
@@ -789,8 +808,8 @@ def test_single_node_under_a_one_node_slurm_job(script: Path) -> None:
 
 
 def test_make_spec_passes_usage_errors_on(script: Path) -> None:
-    with pytest.raises(UsageError, match="--max-restarts is not supported") as info:
-        spec(script, nodes=NodeOptions(nnodes="2"), max_restarts=1)
+    with pytest.raises(UsageError, match="a range of nodes needs the c10d") as info:
+        spec(script, nodes=NodeOptions(nnodes="2:3"), max_restarts=1)
     assert info.value.exit_code == 2
 
 
@@ -800,13 +819,13 @@ def test_make_spec_passes_usage_errors_on(script: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--nnodes", "1:4"], "--nnodes 1:4: elastic node ranges are not supported"),
+        (["--nnodes", "1:4"], "--nnodes 1:4: a range of nodes needs the c10d rendezvous"),
         (["--nnodes", "0"], "--nnodes must be between 1 and 65536, not 0"),
         (["--nnodes", "2", "--rdzv-backend", "etcd"], "--rdzv-backend etcd is not supported"),
         (["--nnodes", "2", "--rdzv_backend", "c10d"], "--rdzv-backend c10d needs"),
         (["--node-rank", "1"], "--node-rank 1 needs --nnodes greater than 1"),
         (["--nnodes", "2", "--node_rank", "2"], "node rank 2 is not a node of a 2-node job"),
-        (["--nnodes", "2", "--max-restarts", "1"], "--max-restarts is not supported"),
+        (["--nnodes", "2:1"], "--nnodes 2:1: the minimum is more than the maximum"),
         (["--nnodes", "2", "--rdzv-conf", "timeout"], "--rdzv-conf 'timeout'"),
         (["--nnodes", "2", "--rdzv-endpoint", "rdv:x"], "--rdzv-endpoint 'rdv:x' is not"),
     ],

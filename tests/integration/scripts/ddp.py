@@ -26,9 +26,16 @@ def main() -> None:
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=2)
+    p.add_argument("--fail-attempt", type=int, default=-1, help="fail only in this attempt")
     p.add_argument("--busy", action="store_true", help="other ranks sleep, not in a collective")
+    p.add_argument("--busy-attempt", type=int, default=-1, help="--busy only in this attempt")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if args.fail_attempt not in (-1, attempt):
+        args.fail_rank = -1
+    if args.busy_attempt not in (-1, attempt):
+        args.busy = False
 
     def stamp(name: str) -> None:
         with open(os.path.join(args.dir, f"rank{rank}.{name}"), "w") as f:
@@ -68,7 +75,7 @@ def main() -> None:
         time.sleep(args.step_time)
     print(
         f"rank {rank} of {world} done: local {os.environ['LOCAL_RANK']} "
-        f"node {os.environ['GROUP_RANK']} of {os.environ['GROUP_WORLD_SIZE']}",
+        f"node {os.environ['GROUP_RANK']} of {os.environ['GROUP_WORLD_SIZE']} attempt {attempt}",
         flush=True,
     )
     dist.destroy_process_group()

@@ -1,0 +1,194 @@
+"""Restarts across nodes (--max-restarts) and elastic membership (--nnodes MIN:MAX).
+
+Three nodes on loopback, each a systemd box of its own, as in test_multinode.py (whose
+fixtures and helpers these tests share): every node restarts through torch's rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from subprocess import PIPE, Popen
+
+import pytest
+
+from gpulaunch.base.protocol import NODE_LOST_STATUS
+from sdbox import Box, HostSystemd
+from tests.integration.conftest import box_files
+from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until
+from tests.integration.test_multinode import (
+    NNODES,
+    NPROC,
+    Ended,
+    MultiJob,
+    finish,
+    free_port,
+    host,
+    mjob,
+    node_ranks,
+    nodes,
+)
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["mjob", "nodes"]  # fixtures
+
+
+def c10d(job: MultiJob, nnodes: str) -> list[str]:
+    return [
+        *("--nnodes", nnodes, "--rdzv-backend", "c10d"),
+        *("--rdzv-endpoint", f"127.0.0.1:{job.port}"),
+    ]
+
+
+def start_c10d(job: MultiJob, nodes: int, opts: list[str], args: list[str]) -> list[Popen[str]]:
+    """Node 0 first, the others once it serves the endpoint: the boxes share loopback, where
+    torch lets whichever node binds the port first serve the rendezvous (on real machines
+    only the endpoint's own node can), and these tests kill node 2."""
+    procs = job.start([opts], args)
+    wait_until(lambda: served(job.port) or procs[0].poll() is not None, 60, "node 0's store")
+    for n in range(1, nodes):
+        box = job.boxes[n]
+        argv = job.argv(n, opts, args)
+        procs.append(box.popen(argv, cwd=str(REPO), stdout=PIPE, stderr=PIPE, text=True))
+    return procs
+
+
+def served(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_rank_failure_on_node_2_restarts_every_node(mjob: MultiJob, backend: str) -> None:
+    opts = [
+        [
+            *(mjob.static(n) if backend == "static" else c10d(mjob, str(NNODES))),
+            "--max-restarts",
+            "1",
+        ]
+        for n in range(NNODES)
+    ]
+    # rank 4 is node 2's first (c10d numbers the nodes by address: 127.0.0.3 is node 2)
+    procs = mjob.start(opts, ["--fail-rank", "4", "--fail-attempt", "0"])
+    ended = finish(procs, mjob.boxes, timeout=240)
+    cause = f"attempt 0: node 2 ({host(2)}): rank 4 exit 1 (status 1); every node went on"
+    for e in ended:
+        assert e.returncode == 0, e.stderr
+        for rank in node_ranks(e.node):
+            local = rank - e.node * NPROC
+            done = f"rank {rank} of 6 done: local {local} node {e.node} of 3 attempt 1"
+            assert done in e.stdout, e.stdout
+        assert cause in e.stderr, e.stderr
+        assert "restarting the ranks of every node (restart 1 of 1)" in e.stderr
+        assert mjob.leftovers(e.node) == []
+    for rank in range(NNODES * NPROC):  # the second attempt's environment, on every node
+        env = mjob.env(rank)
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "1"
+        assert env["WORLD_SIZE"] == "6" and env["GPULAUNCH_JOB"] == mjob.job_id(rank // NPROC)
+        assert env["GPULAUNCH_UNIT"] == f"gpulaunch-{mjob.job_id(rank // NPROC)}-rank{rank}.scope"
+    # The record of every node lists both attempts: the first with its cause.
+    for node, box in enumerate(mjob.boxes):
+        text = box.run([GPULAUNCH, "status", mjob.job_id(node)], capture_output=True).stdout
+        assert "succeeded" in text and cause in text, text
+        assert "restarted 1 time" in text
+
+
+def test_a_lost_node_under_an_elastic_range_leaves_a_smaller_world(mjob: MultiJob) -> None:
+    opts = [*c10d(mjob, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    # Attempt 0 computes (sleeps) until node 2 goes; attempt 1 runs its steps to the end.
+    procs = start_c10d(mjob, NNODES, opts, ["--busy", "--busy-attempt", "0"])
+    mjob.wait_stamps(range(NNODES * NPROC), "busy")
+    assert {mjob.env(r)["GROUP_RANK"] for r in node_ranks(2)} == {"2"}
+    t0 = time.time()
+    os.kill(mjob.boxes[2].inner_pid(procs[2]), signal.SIGKILL)
+    ended = finish(procs, mjob.boxes, timeout=240)
+    assert ended[2].returncode == -signal.SIGKILL
+    print(f"node 2's watcher SIGKILLed -> the others ended, 2 nodes: {time.time() - t0:.2f} s")
+    cause = f"attempt 0: node 2 ({host(2)}): its watcher died (status {NODE_LOST_STATUS})"
+    for e in ended[:2]:
+        assert e.returncode == 0, e.stderr
+        assert "the other nodes go on without node 2 (--nnodes 2:3)" in e.stderr
+        assert cause in e.stderr
+        for rank in node_ranks(e.node):
+            local = rank - e.node * NPROC
+            done = f"rank {rank} of 4 done: local {local} node {e.node} of 2 attempt 1"
+            assert done in e.stdout, e.stdout
+    for rank in range(2 * NPROC):
+        env = mjob.env(rank)
+        assert (env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("4", "2")
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "1"
+    for node in range(NNODES):
+        wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
+
+
+@pytest.fixture
+def spare_job(nodes: list[Box | HostSystemd]) -> Iterator[MultiJob]:
+    """The three nodes and a fourth box, node 3 (127.0.0.4), booted for this test."""
+    if isinstance(nodes[0], HostSystemd):
+        pytest.fail("the spare test needs a systemd box per node (the host runs systemd)")
+    with Box(binds=[REPO], files=box_files()) as fourth:
+        job_id = f"spare{uuid.uuid4().hex[:6]}"
+        d = SHARED / job_id
+        d.mkdir(parents=True)
+        j = MultiJob(boxes=[*nodes, fourth], id=job_id, dir=d, port=free_port())
+        yield j
+        j.stop_all()
+
+
+def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) -> None:
+    job = spare_job
+    opts = [*c10d(job, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    args = ["--busy", "--busy-attempt", "0"]
+    procs = start_c10d(job, NNODES, opts, args)
+    job.wait_stamps(range(NNODES * NPROC), "busy")
+    spare = job.boxes[3].popen(
+        job.argv(3, opts, args),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # The spare waits in torch's rendezvous (beyond --nnodes' maximum): its peer is in it.
+    peer = ["pgrep", "-f", f"gpulaunch.multinode.peer .*{job.id}"]
+    wait_until(lambda: job.boxes[3].run(peer, capture_output=True).returncode == 0, 60, "spare")
+    time.sleep(3)  # torch's join: the spare is on the rendezvous' redundancy list
+    assert spare.poll() is None
+    os.kill(job.boxes[2].inner_pid(procs[2]), signal.SIGKILL)
+    ended = finish([procs[0], procs[1], spare], [job.boxes[0], job.boxes[1], job.boxes[3]], 240)
+    procs[2].wait(timeout=30)
+    ended[2] = Ended(3, ended[2].returncode, ended[2].stdout, ended[2].stderr)
+    for e in ended:
+        assert e.returncode == 0, e.stderr
+    # The spare (127.0.0.4: after 127.0.0.2 in torch's order) is node 2 of the new world.
+    for rank, node in ((4, ended[2]), (5, ended[2]), (0, ended[0]), (3, ended[1])):
+        group = rank // NPROC
+        done = f"rank {rank} of 6 done: local {rank % NPROC} node {group} of 3 attempt 1"
+        assert done in node.stdout, node.stdout
+    assert "attempt 0: node 2 (127.0.0.3): its watcher died" in ended[0].stderr
+    assert job.env(4)["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+def test_a_node_that_starts_late_joins_at_the_next_round(mjob: MultiJob) -> None:
+    opts = [*c10d(mjob, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    args = ["--busy", "--busy-attempt", "0"]
+    procs = start_c10d(mjob, 2, opts, args)  # nodes 0 and 1: a world of 4
+    mjob.wait_stamps(range(2 * NPROC), "busy")
+    assert mjob.env(0)["WORLD_SIZE"] == "4"
+    late = mjob.boxes[2].popen(
+        mjob.argv(2, opts, args), cwd=str(REPO), stdout=PIPE, stderr=PIPE, text=True
+    )
+    ended = finish([*procs, late], mjob.boxes, timeout=240)
+    for e in ended:
+        assert e.returncode == 0, e.stderr
+        for rank in node_ranks(e.node):
+            done = f"rank {rank} of 6 done: local {rank % NPROC} node {e.node} of 3 attempt 1"
+            assert done in e.stdout, e.stdout
+    assert "attempt 0: a node waits to join (--nnodes MIN:MAX)" in ended[0].stderr
+    for node in range(NNODES):
+        wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
