@@ -14,6 +14,7 @@ from gpulaunch.base.protocol import NODE_LOST_STATUS, Event, Layout, NodeFailure
 from gpulaunch.model import signal_name
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.multinode.rounds import Next, after_failure
+from gpulaunch.recovery.settings import RestartPolicy
 
 ERROR_LINES_SHARED = 40  # of a failed rank's traceback, told to the other nodes
 
@@ -91,7 +92,9 @@ class OtherNodes:
             self.peer.tell_finish()
         return self.done
 
-    def after_round(self, interrupted: bool, max_restarts: int) -> Next | None:
+    def after_round(
+        self, interrupted: bool, max_restarts: int, policy: RestartPolicy
+    ) -> Next | None:
         """Once this node's ranks are all gone: what follows the round (None: this node's
         failure is on its way to the store and back; no failure: the end)."""
         if self.failure is None:
@@ -99,7 +102,8 @@ class OtherNodes:
         elif interrupted:  # this node was told to stop: it does not go on
             self.next = Next.END
         else:
-            self.next = after_failure(self.failure, self.layout, self.peer.config, max_restarts)
+            config = self.peer.config
+            self.next = after_failure(self.failure, self.layout, config, max_restarts, policy)
         return self.next
 
     def next_round(self, wakeup_fd: int, why: Next) -> Layout:

@@ -19,6 +19,10 @@ from gpulaunch.base.protocol import (
     NodeConfig,
     NodeFailure,
 )
+from gpulaunch.recovery.classes import FailureClass
+from gpulaunch.recovery.settings import RestartPolicy
+
+DEFAULT_POLICY = RestartPolicy()
 
 
 class Next(enum.Enum):
@@ -30,10 +34,17 @@ class Next(enum.Enum):
 
 
 def after_failure(
-    failure: NodeFailure, layout: Layout, config: NodeConfig, max_restarts: int
+    failure: NodeFailure,
+    layout: Layout,
+    config: NodeConfig,
+    max_restarts: int,
+    policy: RestartPolicy = DEFAULT_POLICY,
 ) -> Next:
-    """What every node does after the round's first failure (each decides the same)."""
+    """What every node does after the round's first failure (each decides the same: the
+    same failure from the store, and the same flags on every node)."""
     if failure.rank is not None:  # a rank failed, on whichever node
+        if not rank_failure_restarts(failure.status, policy):
+            return Next.END
         return Next.RESTART if layout.failures < max_restarts else Next.END
     if failure.node == JOINING_NODE:  # a late or returning node (peer.py): not a failure
         return Next.REGROUP
@@ -45,3 +56,12 @@ def after_failure(
         # count against --max-restarts; torch's rendezvous waits for MIN (join_timeout).
         return Next.REGROUP
     return Next.RESTART if layout.failures < max_restarts else Next.END
+
+
+def rank_failure_restarts(status: int, policy: RestartPolicy) -> bool:
+    """--restart-on and --no-restart-exit-code for a rank's failure on any node, by the
+    status every node has of it (an OOM kill reads as SIGKILL there: its node says OOM)."""
+    if status in policy.no_restart_codes:
+        return False
+    kind = FailureClass.SIGNAL if status > 128 else FailureClass.EXIT
+    return kind in policy.restart_on

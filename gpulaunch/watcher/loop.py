@@ -247,7 +247,8 @@ class Watcher(EventLoop):
         if not done or self.nodes is None:
             return done
         ending = self.interrupt is not None or self.start_error is not None
-        after = self.nodes.after_round(ending, self.spec.max_restarts)  # None: its cause comes
+        policy, most = self.recovery.options.restart, self.spec.max_restarts
+        after = self.nodes.after_round(ending, most, policy)  # None: its cause comes
         # Through the exit barrier (a store our peer serves stays until every node is done),
         # unless every node goes on to another round.
         return after is not None and (after is not Next.END or self.nodes.finish())

@@ -115,3 +115,21 @@ def test_record_keeps_the_rounds() -> None:
     assert parsed.report().rounds == ROUNDS
     assert parsed.to_json()["rounds"][0]["attempt"] == 0
     assert "GPULAUNCH_ROUNDS" not in entry(view())
+
+
+def test_a_rank_failure_across_nodes_follows_restart_on_and_no_restart_codes() -> None:
+    """recovery/'s policy decides for every node alike, from the status each node has."""
+    from gpulaunch.recovery.classes import FailureClass
+    from gpulaunch.recovery.settings import RestartPolicy
+
+    config = dataclasses.replace(STATIC, node_rank=0)
+    exit78 = dataclasses.replace(RANK_FAILED, status=78, what="rank 3 exit 78")
+    killed = dataclasses.replace(RANK_FAILED, status=128 + 9, what="rank 3 SIGKILL")
+    default = RestartPolicy()
+    assert after_failure(exit78, used(0), config, 3, default) is Next.END  # EX_CONFIG
+    assert after_failure(RANK_FAILED, used(0), config, 3, default) is Next.RESTART
+    exits_only = RestartPolicy(restart_on=frozenset({FailureClass.EXIT}))
+    assert after_failure(killed, used(0), config, 3, exits_only) is Next.END
+    assert after_failure(RANK_FAILED, used(0), config, 3, exits_only) is Next.RESTART
+    codes = RestartPolicy(no_restart_codes=frozenset({1, 78}))
+    assert after_failure(RANK_FAILED, used(0), config, 3, codes) is Next.END
