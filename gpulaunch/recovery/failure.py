@@ -18,6 +18,7 @@ class Failure:
     what: str  # "rank 1 exit 4", "the job hung (--hang-timeout)"
     runtime: float  # seconds the attempt ran before it failed (see progress.py)
     rank: int | None = None
+    stepped: bool = False  # a rank reported a training step in it (gpulaunch/progress/)
 
     @property
     def signature(self) -> tuple[FailureClass, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpulaunch.model import (
@@ -23,7 +23,7 @@ from gpulaunch.model import (
 from gpulaunch.recovery.failure import Failure, classify
 from gpulaunch.recovery.policy import Decision, Verdict, decide
 from gpulaunch.recovery.preempt import DEADLINE_FILE_ENV, PreemptPolicy, write_deadline
-from gpulaunch.recovery.settings import RecoveryOptions
+from gpulaunch.recovery.settings import RecoveryOptions, RestartPolicy
 
 
 @dataclass
@@ -34,8 +34,13 @@ class Recovery:
     options: RecoveryOptions = RecoveryOptions()
     failures: list[Failure] = field(default_factory=list)
     decision: Decision | None = None  # after the last failed attempt
+    stepped: bool = False  # the attempt that ends now: a rank reported a step (the watcher says)
     preempted_at: float | None = None  # monotonic: when the notice came
     deadline_file: Path | None = None  # where the ranks look for their deadline
+
+    @property
+    def policy(self) -> RestartPolicy:
+        return self.options.restart
 
     @property
     def preempt(self) -> PreemptPolicy:
@@ -48,7 +53,7 @@ class Recovery:
         failure = classify(outcome, exits)
         if failure is None:
             return None
-        self.failures.append(failure)
+        self.failures.append(replace(failure, stepped=self.stepped))
         stopping = stopping or self.preempted_at is not None
         self.decision = decide(self.options.restart, self.max_restarts, self.failures, stopping)
         return self.decision

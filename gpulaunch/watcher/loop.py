@@ -163,6 +163,7 @@ class Watcher(EventLoop):
         if self.nodes is not None:  # every node's gang, together (watcher/rounds.py)
             return next_round(self)
         report, stopping = self.report(), self._stopping_asked()  # (its cause rank's error read)
+        self.recovery.stepped = any(rank.steps is not None for rank in self.ranks)
         if not self.recovery.restart(report, self._exits(), stopping, self.output.message):
             return False
         self.attempt += 1
@@ -247,8 +248,7 @@ class Watcher(EventLoop):
         if not done or self.nodes is None:
             return done
         ending = self.interrupt is not None or self.start_error is not None
-        policy, most = self.recovery.options.restart, self.spec.max_restarts
-        after = self.nodes.after_round(ending, most, policy)  # None: its cause comes
+        after = self.nodes.after_round(ending, self.recovery.max_restarts, self.recovery.policy)
         # Through the exit barrier (a store our peer serves stays until every node is done),
         # unless every node goes on to another round.
         return after is not None and (after is not Next.END or self.nodes.finish())

@@ -7,6 +7,7 @@ real systemd and Slurm: tests/integration/test_recovery.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import time
 from pathlib import Path
@@ -79,6 +80,22 @@ def test_classify(outcome: Outcome, exit: RankExit, kind: FailureClass | None) -
 def test_made_progress_is_running_long_enough() -> None:
     assert not made_progress(EXIT1, 60.0)
     assert made_progress(LONG1, 60.0)
+
+
+def test_a_step_is_progress_and_no_crash_loop() -> None:
+    """An attempt in which a rank reported a training step (the progress channel) made
+    progress however soon it failed: three such attempts are no crash loop."""
+    assert made_progress(dataclasses.replace(EXIT1, stepped=True), 60.0)
+    rec = Recovery(5, RecoveryOptions(restart=RestartPolicy(crash_loop=2)))
+    exits, failed = {0: rank_exit(code=1)}, Outcome(1, Cause.RANK_FAILED, 0)
+    for _ in range(3):
+        rec.stepped = True  # as the watcher sets it from its ranks at the attempt's end
+        decision = rec.after(failed, exits, stopping=False)
+        assert decision is not None and decision.restart
+    rec.stepped = False
+    rec.after(failed, exits, stopping=False)
+    decision = rec.after(failed, exits, stopping=False)
+    assert decision is not None and decision.verdict is Verdict.CRASH_LOOP
 
 
 @pytest.mark.parametrize(
