@@ -272,6 +272,13 @@ def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
         f"gpulaunch: job {job.spec.job}: waiting for {cfg.nnodes} nodes at {cfg.endpoint} "
         f"({cfg.backend} rendezvous)"
     )
+    from gpulaunch.jobapi import filerecord, publisher, record  # noqa: F401 - what _contain
+    from gpulaunch.watcher import hangwatch, loop  # noqa: F401 - and _run import, while the
+
+    if direct_likely(job.draft.opts.supervisor):  # peer joins: else 0.2-0.6 s after the layout
+        from gpulaunch.supervisor import cgroups, direct  # noqa: F401 - (issue 27; test_preload)
+    else:
+        from gpulaunch.supervisor import systemd, systemd_api  # noqa: F401
     spec = number_ranks(job.draft, layout=peer.join(wakeup))
     assert spec.layout is not None
     output.place_node(spec.layout.first_rank, spec.world_size)
