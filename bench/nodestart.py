@@ -33,10 +33,16 @@ from bench.launchers import Launcher, Node, Run
 NPROC = 8
 SITE = Path(__file__).with_name("nodestart_site")
 CAP_S = 300.0
+C10D_FIRST_S = 0.2  # c10d: node 0's launcher first, so that it is the one serving the store
 
 
 def once(
-    launcher: Launcher, nnodes: int, scratch: Path, label: str, code: Path | None
+    launcher: Launcher,
+    nnodes: int,
+    scratch: Path,
+    label: str,
+    code: Path | None,
+    backend: str = "static",
 ) -> dict[str, object]:
     rdzv_id = launchers.new_token(f"ns{nnodes}")
     stamps = scratch / rdzv_id / "stamps"
@@ -49,17 +55,22 @@ def once(
     runs: list[Run] = []
     try:
         for node in range(nnodes):
-            runs.append(
-                launchers.start_node(
-                    launcher,
-                    Node(node, nnodes, port, rdzv_id),
-                    NPROC,
-                    launchers.rank_script("node_up"),
-                    ["--dir", str(stamps)],
-                    scratch,
-                    extra_env=env,
-                )
+            where = Node(node, nnodes, port, rdzv_id)
+            argv = launchers.node_command(
+                launcher, where, NPROC, launchers.rank_script("node_up"), ["--dir", str(stamps)]
             )
+            if backend == "c10d":  # node ranks from the rendezvous; the first node serves
+                at = argv.index("--node-rank")
+                argv[at : at + 6] = [
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"{launchers.LOOPBACK}:{port}",
+                    *(["--rdzv-id", rdzv_id] if launcher is Launcher.TORCHRUN else []),
+                ]
+            runs.append(launchers.spawn(launcher, where.token, argv, scratch, False, env))
+            if backend == "c10d" and node == 0:
+                time.sleep(C10D_FIRST_S)
         deadline = time.time() + CAP_S
         got: dict[int, float] = {}
         while time.time() < deadline:
@@ -202,6 +213,13 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", type=Path)
     p.add_argument(
+        "--backend",
+        choices=("static", "c10d"),
+        default="static",
+        help="c10d: --rdzv-endpoint on loopback instead of --master-addr/--node-rank; the "
+        "ranks' stamps are then placed by their rendezvous node rank, not the launch order",
+    )
+    p.add_argument(
         "--base",
         type=Path,
         help="a folder with another gpulaunch package (e.g. `git archive OLD gpulaunch`), "
@@ -226,7 +244,7 @@ def main() -> None:
                     variants.insert(1, ("direct-base", Launcher.DIRECT, args.base.resolve()))
                 at = rep % len(variants)
                 for label, launcher, code in variants[at:] + variants[:at]:
-                    r = once(launcher, n, Path(d), label, code)
+                    r = once(launcher, n, Path(d), label, code, args.backend)
                     print(
                         f"rep {rep + 1} {label} {n} nodes: complete={r['complete']} "
                         f"load {os.getloadavg()[0]:.1f}",
