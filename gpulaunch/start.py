@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -273,6 +273,11 @@ def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
         f"gpulaunch: job {job.spec.job}: waiting for {cfg.wanted} nodes at {cfg.endpoint} "
         f"({cfg.backend} rendezvous)"
     )
+    from gpulaunch.jobapi import filerecord, publisher, record  # noqa: F401 - what _contain and
+    from gpulaunch.watcher import hangwatch, loop  # noqa: F401 - _run import, now: not 0.2-1 s
+
+    with suppress(ImportError):  # after the layout (issue 27); pystemd's failure: for _contain
+        from gpulaunch.supervisor import cgroups, direct, systemd, systemd_api  # noqa: F401
     spec, units = renumber(job.draft, peer.join(wakeup))
     assert spec.layout is not None
     output.place_node(spec.layout.first_rank, spec.world_size)
