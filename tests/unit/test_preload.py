@@ -37,8 +37,8 @@ class FakePeer:
     def close(self):
         pass
 
-peerlink.PeerLink.spawn = classmethod(lambda cls, cfg: FakePeer())
-cfg = types.SimpleNamespace(nnodes=2, endpoint="127.0.0.1:1", backend="static")
+peerlink.PeerLink.spawn = classmethod(lambda cls, cfg, draft=None: FakePeer())
+cfg = types.SimpleNamespace(nnodes=2, wanted="2", endpoint="127.0.0.1:1", backend="static")
 job = types.SimpleNamespace(
     spec=types.SimpleNamespace(node_config=cfg, job="j"),
     draft=types.SimpleNamespace(opts=types.SimpleNamespace(supervisor=SupervisorKind.DIRECT)),
