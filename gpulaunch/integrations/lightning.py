@@ -24,7 +24,6 @@ gpulaunch itself never does (tests/unit/test_no_torch.py).
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
@@ -52,6 +51,7 @@ from gpulaunch.integrations.relaunch import (
     role,
     watcher_argv,
 )
+from gpulaunch.integrations.teardown import failing, mark_failed, release_at_exit
 
 STRATEGY_NAME = "gpulaunch"
 
@@ -177,35 +177,8 @@ class _RankFabricLauncher(_FabricLauncher):
             return function(*args, **kwargs)
         except BaseException as exc:
             record_failure(exc, exc.__traceback__)
-            _release_process_group()
+            failing(exc)  # the rank ends now, with its status (integrations/teardown.py)
             raise
-
-
-def _release_at_exit() -> None:
-    """Every rank lets go of its process group at interpreter exit, before torch's own
-    teardown: a script that ends without `destroy_process_group()` otherwise ends, about one
-    run in fifteen with gloo on torch 2.13, as SIGABRT ("terminate called without an active
-    exception"); torchrun shows the same on the same script (it is torch's, not ours)."""
-    global _RELEASE_REGISTERED
-    if not _RELEASE_REGISTERED:
-        atexit.register(_release_process_group)
-        _RELEASE_REGISTERED = True
-
-
-_RELEASE_REGISTERED = False
-
-
-def _release_process_group() -> None:
-    """A failing rank lets go of its process group before the interpreter's teardown: with
-    gloo's threads still running, torch 2.13 can abort the exiting rank ("terminate called
-    without an active exception", SIGABRT) and its own exit status (sys.exit(7)) is lost."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the rank's own failure is what matters now
-            pass
 
 
 def _options(
@@ -286,12 +259,13 @@ class GpulaunchStrategy(trainer_strategies.DDPStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        _release_at_exit()
+        release_at_exit()
 
     def on_exception(self, exception: BaseException) -> None:
         """Lightning caught an exception (sys.exit too) in fit/validate/test/predict."""
         super().on_exception(exception)
         record_failure(exception, exception.__traceback__)
+        mark_failed()
 
 
 class GpulaunchFabricStrategy(_FabricDDPStrategy):
@@ -343,7 +317,7 @@ class GpulaunchFabricStrategy(_FabricDDPStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        _release_at_exit()
+        release_at_exit()
 
 
 def register() -> None:

@@ -186,9 +186,12 @@ def test_in_a_rank_the_strategy_is_lightnings_ddp(
     assert launcher.launch(lambda x: x + 1, 41) == 42
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    ended: list[BaseException] = []  # the rank would end at once here (teardown.py)
+    monkeypatch.setattr("gpulaunch.integrations.teardown.exit_now", ended.append)
     with pytest.raises(SystemExit):
         launcher.launch(sys.exit, 7)
     assert "SystemExit: 7" in error_file.read_text()
+    assert [type(e) for e in ended] == [SystemExit]
 
 
 def test_devices_auto_on_cpu_is_one_rank_and_options_reach_the_watcher(
