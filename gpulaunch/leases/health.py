@@ -16,12 +16,12 @@ is no reason to refuse it.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulaunch.base.nvml import NvmlUnavailable, start_nvml
 from gpulaunch.errors import GpulaunchError, UnavailableError
 from gpulaunch.model import JobSpec
 from gpulaunch.plan.gpus import Gpu
@@ -54,14 +54,9 @@ class Gate:
         """The gate for `gpus`, or None where NVML cannot be had (nothing to check)."""
         if not gpus:
             return None
-        if nvml is None:
-            try:
-                nvml = importlib.import_module("pynvml")
-            except ImportError:
-                return None
         try:
-            nvml.nvmlInit()
-        except Exception:
+            nvml = start_nvml(nvml)
+        except NvmlUnavailable:
             return None
         gate = cls(nvml, tuple(gpus), allow_busy)
         try:

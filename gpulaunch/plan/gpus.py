@@ -23,13 +23,13 @@ are stand-ins for a machine with GPUs, not ways to run jobs.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpulaunch.base.nvml import NvmlUnavailable, start_nvml
 from gpulaunch.errors import UsageError
 from gpulaunch.numberlist import parse_number_list
 from gpulaunch.plan.bounds import MAX_GPU
@@ -81,14 +81,9 @@ def nvml_gpus(nvml: Any = None, sysfs: Path = SYSFS) -> tuple[Gpu, ...] | None:
 
     `nvml` is the pynvml module (imported here when not given; tests pass a stand-in).
     """
-    if nvml is None:
-        try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError:
-            return None
     try:
-        nvml.nvmlInit()
-    except Exception:  # pynvml.NVMLError: no libnvidia-ml, no driver loaded, ...
+        nvml = start_nvml(nvml)
+    except NvmlUnavailable:
         return None
     try:
         gpus = []

@@ -17,10 +17,11 @@ driver's they do not match, and the columns stay empty.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from gpulaunch.base.nvml import NvmlUnavailable, start_nvml
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,10 @@ class Gpus:
 
 def open_gpus(nvml: Any = None) -> Gpus | str:
     """NVML ready to read, or why not (`nvml`: the pynvml module; tests pass a stand-in)."""
-    if nvml is None:
-        try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError:
-            return "no NVML (pip install 'gpulaunch[gpu]' for nvidia-ml-py)"
     try:
-        nvml.nvmlInit()
-    except Exception as exc:  # no libnvidia-ml, no driver loaded
-        return f"NVML did not start: {exc}"
+        nvml = start_nvml(nvml)
+    except NvmlUnavailable as exc:
+        return str(exc)
     try:
         gpus = Gpus(nvml)
     except Exception as exc:
