@@ -61,7 +61,5 @@ def after_failure(
 def rank_failure_restarts(status: int, policy: RestartPolicy) -> bool:
     """--restart-on and --no-restart-exit-code for a rank's failure on any node, by the
     status every node has of it (an OOM kill reads as SIGKILL there: its node says OOM)."""
-    if status in policy.no_restart_codes:
-        return False
     kind = FailureClass.SIGNAL if status > 128 else FailureClass.EXIT
-    return kind in policy.restart_on
+    return policy.restarts(kind) and not policy.says_do_not_restart(kind, status)

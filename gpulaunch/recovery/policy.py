@@ -14,7 +14,6 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpulaunch.recovery.classes import FailureClass
 from gpulaunch.recovery.failure import Failure
 from gpulaunch.recovery.progress import made_progress
 from gpulaunch.recovery.settings import RestartPolicy
@@ -71,12 +70,12 @@ def decide(
     if done >= max_restarts:  # (none allowed, or all made): nothing to say but the report's
         return Decision(Verdict.SPENT)
     not_restarted = f"gpulaunch: {failure.what}; not restarting"
-    if failure.kind is FailureClass.EXIT and failure.status in policy.no_restart_codes:
+    if policy.says_do_not_restart(failure.kind, failure.status):
         return Decision(
             Verdict.NO_RESTART_CODE,
             f"{not_restarted}: exit {failure.status} says do not restart (--no-restart-exit-code)",
         )
-    if failure.kind not in policy.restart_on:
+    if not policy.restarts(failure.kind):
         return Decision(
             Verdict.NOT_RESTARTED,
             f"{not_restarted}: {failure.kind} is not in --restart-on "

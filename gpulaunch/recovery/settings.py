@@ -26,6 +26,14 @@ class RestartPolicy:
     crash_loop: int = CRASH_LOOP_ATTEMPTS  # 0: never a crash loop
     progress_after: float = PROGRESS_AFTER
 
+    def says_do_not_restart(self, kind: FailureClass, status: int) -> bool:
+        """The script's exit code says "do not restart" (--no-restart-exit-code)."""
+        return kind is FailureClass.EXIT and status in self.no_restart_codes
+
+    def restarts(self, kind: FailureClass) -> bool:
+        """Failures of this class restart (--restart-on)."""
+        return kind in self.restart_on
+
 
 @dataclass(frozen=True)
 class RecoveryOptions:
