@@ -20,7 +20,6 @@ import asyncio
 import enum
 import os
 import re
-import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -29,13 +28,13 @@ from pathlib import Path
 
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt, final_state
+from gpulaunch.logs.terminal import BACKLOG_RESUME, Terminal
 from gpulaunch.model import LogFileGap
 from gpulaunch.numberlist import parse_number_list
 
 CHUNK = 65536
 MAX_LINE = 1 << 20  # a longer line without newline is shown in pieces of this size
 BACKLOG_PAUSE = 64 << 20  # stop reading rank pipes above this much unwritten terminal output
-BACKLOG_RESUME = 16 << 20
 
 _COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _CLEAR_LINE = b"\r\x1b[2K"
@@ -59,78 +58,8 @@ class OutputOptions:
     log_dir: Path | None = None
 
 
-class Terminal:
-    """One output fd (1 or 2), written without blocking the loop where that is possible."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.is_tty = os.isatty(fd)
-        self.pending = bytearray()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._writer_on = False
-        self.on_drained: Callable[[], None] = lambda: None
-        self.out_fd = self._nonblocking_copy(fd)
-
-    @staticmethod
-    def _nonblocking_copy(fd: int) -> int:
-        """A fresh open file description of the same tty or pipe, in non-blocking mode.
-
-        Setting O_NONBLOCK on fd itself would change it for every process that
-        shares it (the shell, the ranks). Regular files never block: keep fd.
-        """
-        try:
-            mode = os.fstat(fd).st_mode
-        except OSError:
-            return fd
-        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
-            return fd
-        try:
-            return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return fd
-
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def write(self, data: bytes) -> None:
-        self.pending += data
-        self._flush()
-
-    def _flush(self) -> None:
-        while self.pending:
-            try:
-                n = os.write(self.out_fd, self.pending)
-            except BlockingIOError:
-                break
-            except OSError:  # EPIPE: nobody reads it any more; EIO: it hung up
-                self.pending.clear()  # nobody can see it: never an error of the job's
-                break
-            del self.pending[:n]
-        if self.pending and not self._writer_on and self._loop is not None:
-            self._loop.add_writer(self.out_fd, self._flush)
-            self._writer_on = True
-        elif not self.pending and self._writer_on and self._loop is not None:
-            self._loop.remove_writer(self.out_fd)
-            self._writer_on = False
-        if len(self.pending) < BACKLOG_RESUME:
-            self.on_drained()
-
-    def drain(self) -> None:
-        """Write everything still queued, blocking if need be (at the very end)."""
-        if self.out_fd != self.fd:
-            os.set_blocking(self.out_fd, True)
-        self._flush()
-        if self._writer_on and self._loop is not None:
-            self._loop.remove_writer(self.out_fd)
-            self._writer_on = False
-
-    def close(self) -> None:
-        if self.out_fd != self.fd:
-            os.close(self.out_fd)
-            self.out_fd = self.fd
-
-
 TAIL_LINES = 20  # stderr lines kept per rank for the failure report
+TRACEBACK = b"Traceback (most recent call last):"  # (torch may prefix it: "[rank1]: ")
 
 
 @dataclass
@@ -143,6 +72,7 @@ class _LineBuffer:
     long_start: bytes = b""
     long_end: bytes = b""
     long_dropped: int = 0
+    raised_at: float | None = None  # when it last began a Python traceback (stderr)
 
     def remember(self, lines: list[bytes]) -> None:
         """The last lines of a chunk (the first may end a long line), final and clipped."""
@@ -278,6 +208,11 @@ class Output:
         """
         return self._last_line.get(rank)
 
+    def raised_at(self, rank: int) -> float | None:
+        """When the rank last began to print a Python traceback on stderr (time.monotonic)."""
+        buf = self._buffers.get((rank, Stream.STDERR))
+        return None if buf is None else buf.raised_at
+
     def stderr_tail(self, rank: int) -> str:
         """The last lines a rank wrote to stderr (for the report of a failure), bounded."""
         buf = self._buffers.get((rank, Stream.STDERR))
@@ -316,6 +251,8 @@ class Output:
             buf.partial = bytearray(chunk[cut + 1 :])
             buf.lines += len(lines)
             buf.remember(lines)
+            if stream is Stream.STDERR and TRACEBACK in chunk:
+                buf.raised_at = self.last_data_at
             self._last_line[rank] = time.time()
             self._lines(rank, stream, lines)
         else:

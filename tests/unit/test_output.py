@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.logs.output import Output, OutputOptions, Stream, Terminal, parse_ranks
+from gpulaunch.logs.output import Output, OutputOptions, Stream, parse_ranks
+from gpulaunch.logs.terminal import Terminal
 from gpulaunch.logs.width import rank_columns
 
 
