@@ -1,10 +1,8 @@
 """The watcher: one single-threaded event loop that runs a job (docs/architecture.md).
 
-It forks every rank held at a gate, has its supervisor contain each, opens the
-gates, then sleeps until a rank's pidfd, the supervisor, a signal (wakeup fd),
-an observer, an error file (inotify) or a deadline (--hang-timeout) wakes it.
-No poll interval: the grace period belongs to the supervisor (systemd.kill(5)).
-The loop itself, asyncio's driven from synchronous code, is watcher/eventloop.py.
+It forks every rank held at a gate, has its supervisor contain each, opens the gates,
+then sleeps until a rank's pidfd, the supervisor, a signal, an observer, an error file or
+a deadline wakes it: no polling (the grace is systemd.kill(5)'s; watcher/eventloop.py).
 """
 
 from __future__ import annotations
@@ -24,15 +22,7 @@ from gpulaunch.logs.journal import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
 from gpulaunch.logs.pump import JournalTarget, journal_status
 from gpulaunch.logs.width import rank_columns
-from gpulaunch.model import (
-    JobProgress,
-    JobReport,
-    JobSpec,
-    Phase,
-    RankExit,
-    RankState,
-    job_outcome,
-)
+from gpulaunch.model import JobProgress, JobReport, JobSpec, Phase, RankExit, RankState, job_outcome
 from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import PeerLink
 from gpulaunch.multinode.rounds import Next
@@ -49,6 +39,7 @@ from gpulaunch.watcher.forkrank import fork_rank
 from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.notices import pass_on, preempt
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
+from gpulaunch.watcher.origin import blame_teardown
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
 from gpulaunch.watcher.rounds import next_round, on_elsewhere
@@ -410,11 +401,13 @@ class Watcher(EventLoop):
         rank.exit = rank.ended(status, now, used, oom)
         self._advance(rank, RankState.STOPPED if rank.stop_requested else RankState.EXITED)
         if rank.exit.failed and not rank.stop_requested:
+            why = f"rank {rank.spec.rank} {rank.exit.describe()}"
             if self.nodes is not None:
                 error, source = self._rank_error(rank.spec.rank)
-                what = f"rank {rank.spec.rank} {rank.exit.describe()}"
-                self.nodes.offer(what, rank.exit.status, rank.spec.rank, error, source)
-            self._failed(f"rank {rank.spec.rank} {rank.exit.describe()}")
+                self.nodes.offer(why, rank.exit.status, rank.spec.rank, error, source)
+            else:  # one node: a rank that only lost a peer may not be the cause (origin.py)
+                blame_teardown(rank, self.ranks, self.output.stderr_tail, self.output.raised_at)
+            self._failed(why)
         elif self._failure_pending is not None:
             self._failed(self._failure_pending)
 

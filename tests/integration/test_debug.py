@@ -75,6 +75,26 @@ def test_the_failing_rank_s_exit_stops_the_others(job: Job, recorded: bool) -> N
     assert_clean(job)
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["record", "no-record"])
+def test_a_rank_that_only_lost_its_peer_is_not_named_the_cause(job: Job, recorded: bool) -> None:
+    """Rank 1 raises and tears down slowly; rank 2, its partner, aborts on "Connection closed
+    by peer" first (as in CI, issue 22's Lightning test): rank 1 is the cause, exit 1, and
+    the others are stopped only after it ended (watcher/origin.py; with @record, its file)."""
+    res = job.run(
+        "--nproc",
+        "3",
+        script=SLOW_TEARDOWN,
+        script_args=["--victim-rank", "2"] + ([] if recorded else ["--no-record"]),
+        timeout=180,
+    )
+    assert res.returncode == 1, res.stderr
+    assert "failed: rank 1 exit 1" in res.stderr, res.stderr
+    assert "rank 1 fails on purpose" in res.stderr[res.stderr.index("failed: rank 1") :]
+    exited = float((job.dir / "rank1.exit").read_text())
+    assert float((job.dir / "rank0.term").read_text()) > exited, res.stderr
+    assert_clean(job)
+
+
 def test_an_error_file_then_exit_0_stops_nobody(job: Job) -> None:
     """Rank 1's @record writes its error file, then it catches the exception and exits 0:
     the others run to their end, and the job succeeded (issue 22 item 6)."""

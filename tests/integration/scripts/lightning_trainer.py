@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 
 import lightning as L
 import torch
@@ -44,7 +45,12 @@ trainer = L.Trainer(
 )
 model = Tiny(args.fail_rank)
 data = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=4)
-trainer.fit(model, data)
+try:
+    trainer.fit(model, data)
+except Exception:
+    traceback.print_exc()  # as Python would; then without torch's teardown (see the end)
+    sys.stderr.flush()
+    os._exit(1)
 record = {
     "global_rank": trainer.global_rank,
     "world_size": trainer.world_size,
@@ -57,8 +63,8 @@ with open(os.path.join(args.dir, f"trainer{trainer.global_rank}.json"), "w") as 
 # torch 2.13 can abort a gloo rank in the interpreter's teardown ("terminate called
 # without an active exception", SIGABRT), destroy_process_group() or not, under torchrun
 # as under gpulaunch (here: 1 of 25 torchrun runs without it, 1 of 6 gpulaunch runs with
-# it). These tests are about the launch: once its record is written, the rank ends
-# without that teardown.
+# it), a failing rank's too. These tests are about the launch: once its record is
+# written or its error printed, the rank ends without that teardown.
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(0)
