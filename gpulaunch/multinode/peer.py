@@ -14,6 +14,10 @@ does), then keeps three things going, each on its own store connection:
   checks everybody's counter and the others check node 0's, so a node that
   vanished without a word is declared lost within HEARTBEAT_TIMEOUT plus an
   interval;
+- the heartbeat's *watchdog*: torch's store calls wait without bound for a
+  server that stays silent (node 0 lost without closing its sockets: power, a
+  partition), so a heartbeat that has had no answer for STORE_SILENT_TIMEOUTS
+  heartbeat timeouts is the store's node lost, told to the watcher (never a hang);
 - the *commands* from the watcher: a failure here (set `cause` if nobody did
   first: compare_set decides the job's first failure for every node), and at
   the end the exit barrier (every node's `done` key), so that a node that
@@ -48,6 +52,7 @@ from gpulaunch.base.protocol import (
     encode,
 )
 from gpulaunch.linux import set_parent_death_signal
+from gpulaunch.multinode.addresses import UnresolvableHost, check_endpoint, check_own_name
 from gpulaunch.multinode.rendezvous import (
     joining,
     leave_rendezvous,
@@ -58,45 +63,12 @@ from gpulaunch.multinode.rendezvous import (
 
 LINK_FD = 3
 FOREVER = datetime.timedelta(days=365)
+STORE_SILENT_TIMEOUTS = 6  # no answer for this many heartbeat timeouts: the store is gone
 
 
 def die_with_watcher(signum: int) -> None:
     """Until the job's units exist we are nobody's: die with the watcher (0: stop that)."""
     set_parent_death_signal(signum)
-
-
-class UnresolvableHost(Exception):
-    """This node's own name does not resolve: torch would hand it to the ranks anyway."""
-
-
-def check_own_name(host: str) -> None:
-    """Fail at once where torch's c10d rendezvous would wait: an address nobody can resolve.
-
-    Without --local-addr, torch gives node 0's FQDN to every rank as MASTER_ADDR
-    (and to Gloo); a name that does not resolve makes them retry in silence until
-    their timeout.
-    """
-    try:
-        socket.getaddrinfo(host, None)
-    except OSError as exc:
-        raise UnresolvableHost(
-            f"this node's name {host!r} does not resolve to an address ({exc.strerror}), and "
-            "torch would give it to the ranks; pass --local-addr with an address the nodes "
-            "reach (e.g. --local-addr 127.0.0.1 on one node), or add the name to /etc/hosts"
-        ) from None
-
-
-def check_endpoint(endpoint: str) -> None:
-    """Fail at once where torch's store would retry until its timeout: a name that does
-    not resolve (a typo in --master-addr or --rdzv-endpoint)."""
-    host = endpoint.rsplit(":", 1)[0].strip("[]")
-    try:
-        socket.getaddrinfo(host, None)
-    except OSError as exc:
-        raise UnresolvableHost(
-            f"the rendezvous address {host!r} does not resolve to an address ({exc.strerror}); "
-            "give every node the same address of the node that serves it"
-        ) from None
 
 
 class Peer:
@@ -112,6 +84,7 @@ class Peer:
         self.round = 0  # rendezvous so far: a thread of an older round ends (rounds, below)
         self._prefix = ""  # this round's keys in the job's store
         self._ranks_store: Any = None  # a restarted round's store for the ranks (node 0)
+        self._answered_at: float | None = None  # the heartbeat's last answer (this round)
 
     # -- talking to the watcher ------------------------------------------
 
@@ -241,8 +214,10 @@ class Peer:
 
     def start_round(self) -> None:
         """The cause watch and the heartbeat of this round (they end with it)."""
+        self._answered_at = None
         _thread(self.watch_cause, "cause-watch")
         _thread(self.heartbeat, "heartbeat")
+        _thread(self.watch_store, "store-watchdog")
 
     def watch_cause(self) -> None:
         this_round = self.round
@@ -264,7 +239,33 @@ class Peer:
             self._cause_told.set()
         self.send(Event.CAUSE, failure=failure.to_dict())
 
-    def _store_lost(self) -> NodeFailure:
+    def watch_store(self) -> None:
+        """The heartbeat's watchdog: a store that stopped answering ends the round here.
+
+        Its first answer may take what joining may (connecting: 32 nodes at once). The
+        watcher hears that the store's node is lost (not at the exit barrier: this node's
+        ranks are done, and their outcome stands), then that the barrier is passed: a
+        silent store holds none.
+        """
+        this_round, began = self.round, time.monotonic()
+        bound = STORE_SILENT_TIMEOUTS * self.config.heartbeat_timeout
+        while True:  # a timer, on purpose: silence is what it detects
+            time.sleep(self.config.heartbeat_interval)
+            if this_round != self.round or self._cause_told.is_set():
+                return
+            answered = self._answered_at
+            since, limit = (
+                (began, max(bound, self.join_timeout)) if answered is None else (answered, bound)
+            )
+            if time.monotonic() - since <= limit:
+                continue
+            if not self.finishing.is_set():
+                silent = f"has not answered for {time.monotonic() - since:.0f} s"
+                self.tell_cause(self._store_lost(silent), this_round)
+            self.send(Event.FINISHED)
+            return
+
+    def _store_lost(self, how: str = "went away (the node serving it ended)") -> NodeFailure:
         assert self.layout is not None
         host, _ = self.config.endpoint.rsplit(":", 1)
         serving = 0 if self.config.backend is Backend.STATIC else None
@@ -273,7 +274,7 @@ class Peer:
             node=node.node if node else -1,
             host=node.host if node else host,
             status=NODE_LOST_STATUS,
-            what=f"the job's store at {self.config.endpoint} went away (the node serving it ended)",
+            what=f"the job's store at {self.config.endpoint} {how}",
         )
 
     def heartbeat(self) -> None:
@@ -323,6 +324,7 @@ class Peer:
             if this_round != self.round:
                 return
             store.add(f"hb/{me}", 1)
+            self._answered_at = time.monotonic()
             if room[0] and self._handler.num_nodes_waiting() > 0:  # as torchrun's agent
                 room[0] = False
                 self.publish(store, joining())
@@ -332,6 +334,7 @@ class Peer:
             # One round trip however many nodes node 0 watches (their counters exist
             # since the rendezvous); only a counter that stood still costs another.
             counts = store.multi_get([f"hb/{n}" for n in watched])
+            self._answered_at = time.monotonic()
             for n, raw in zip(list(watched), counts, strict=True):
                 count, last = int(raw), seen.get(n)
                 if last is None or last[0] != count:

@@ -30,6 +30,7 @@ import pytest
 from gpulaunch.base.names import UnitNames
 from gpulaunch.base.protocol import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, NODE_LOST_STATUS
 from gpulaunch.jobapi.view import bus_name, object_path
+from gpulaunch.multinode.peer import STORE_SILENT_TIMEOUTS
 from sdbox import Box, HostSystemd, host_systemd_running
 from tests.integration.conftest import box_files
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until
@@ -302,6 +303,35 @@ def test_vanished_node_is_found_by_its_missing_heartbeat(mjob: MultiJob) -> None
     for e in ended[:2]:
         assert e.returncode == NODE_LOST_STATUS, e.stderr
         assert re.search(r"stopped: node 2 \(127.0.0.3\): lost: no heartbeat for \d", e.stderr)
+    for node in range(NNODES):
+        wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
+
+
+def test_a_store_that_falls_silent_is_its_node_lost_not_a_hang(mjob: MultiJob) -> None:
+    """Node 0, which serves the store, falls silent without closing a socket (its watcher
+    and peer frozen, as in a partition or a hung machine): torch's store calls wait without
+    bound, so before the heartbeat's watchdog nodes 1 and 2 waited for ever."""
+    procs = mjob.start([mjob.static(n) for n in range(NNODES)], ["--busy"])
+    mjob.wait_stamps(range(NNODES * NPROC), "busy")
+    watcher = UnitNames.for_job(mjob.job_id(0)).watcher_scope
+    t0 = time.time()
+    mjob.boxes[0].run(["systemctl", "kill", "--signal=SIGSTOP", watcher], check=True)
+    try:
+        ended = finish(procs[1:], mjob.boxes[1:])
+    finally:
+        mjob.boxes[0].run(["systemctl", "kill", "--signal=SIGKILL", watcher])
+        procs[0].send_signal(signal.SIGCONT)  # nsenter stops itself when its child stops
+    terms = [mjob.stamp(r, "term") for r in node_ranks(1) + node_ranks(2)]
+    assert all(t is not None for t in terms), terms
+    latency = max(t for t in terms if t is not None) - t0
+    bound = STORE_SILENT_TIMEOUTS * HEARTBEAT_TIMEOUT + HEARTBEAT_INTERVAL
+    print(f"node 0's store silent -> the others' ranks got SIGTERM: {latency:.3f} s (<{bound} s)")
+    assert 0 < latency < bound + STOP_BOUND
+    for e in ended:
+        assert e.returncode == NODE_LOST_STATUS, e.stderr
+        assert "stopped: node 0 (127.0.0.1): the job's store at 127.0.0.1:" in e.stderr, e.stderr
+        assert "has not answered for" in e.stderr, e.stderr
+    finish(procs[:1], mjob.boxes[:1])
     for node in range(NNODES):
         wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from gpulaunch.base.protocol import (
     NodeInfo,
     decode,
 )
-from gpulaunch.multinode.peer import Peer
+from gpulaunch.multinode.peer import STORE_SILENT_TIMEOUTS, Peer
 
 pytestmark = pytest.mark.integration
 
@@ -370,3 +371,51 @@ def test_heartbeat_outlives_an_answer_later_than_its_timeout(
     proc.kill()
     heartbeat.join(timeout=30)
     assert not heartbeat.is_alive()
+
+
+@pytest.mark.parametrize("at_barrier", [False, True], ids=["running", "at-the-barrier"])
+def test_a_store_that_stops_answering_is_its_node_lost(
+    store: tuple[subprocess.Popen[str], int], at_barrier: bool
+) -> None:
+    """Node 0 lost without closing its sockets (power, a partition: here SIGSTOP): torch's
+    calls on it wait without bound, so the heartbeat's watchdog tells the watcher that the
+    store's node is lost (not at the exit barrier: the ranks' outcome stands), then that
+    the barrier is passed. Before the watchdog the peer waited for ever."""
+    import torch.distributed  # noqa: F401 - as the peer's rendezvous did, not in 3 threads at once
+
+    proc, port = store
+    peer, link = peer_of(port)
+    peer.start_round()
+    deadline = time.monotonic() + 60
+    while peer._answered_at is None and time.monotonic() < deadline:  # it beats: answered
+        time.sleep(0.05)
+    if at_barrier:
+        peer.finishing.set()
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGSTOP)
+    messages: list[tuple[str, dict[str, Any]]] = []
+    try:
+        link.settimeout(60)
+        data = b""
+        while not messages or messages[-1][0] != Event.FINISHED:
+            chunk = link.recv(65536)
+            assert chunk, f"the peer closed its link after {messages}"
+            data += chunk
+            *lines, data = data.split(b"\n")
+            messages += [decode(line) for line in lines]
+        took = time.monotonic() - stopped
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    answered = peer._answered_at  # its last answer, just before the SIGSTOP
+    assert (
+        answered is not None
+        and stopped + took - answered > STORE_SILENT_TIMEOUTS * HEARTBEAT_TIMEOUT
+    )
+    if not at_barrier:
+        kind, body = messages[0]
+        assert kind == Event.CAUSE, messages
+        failure = body["failure"]
+        assert failure["node"] == 0 and failure["status"] == NODE_LOST_STATUS
+        assert f"store at 127.0.0.1:{port} has not answered for" in failure["what"]
+    assert messages[-1][0] == Event.FINISHED, messages
+    print(f"store silent -> the watcher told: {took:.2f} s")
