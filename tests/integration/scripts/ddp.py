@@ -8,6 +8,7 @@ SIGTERM reaches it, so a test can time how fast the other nodes' ranks were stop
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -78,6 +79,8 @@ def main() -> None:
         f"node {os.environ['GROUP_RANK']} of {os.environ['GROUP_WORLD_SIZE']} attempt {attempt}",
         flush=True,
     )
+    del model  # the group ends here, not in the interpreter's teardown (examples/ddp_train.py)
+    gc.collect()
     dist.destroy_process_group()
 
 
