@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from gpulaunch.errors import GpulaunchError
+from gpulaunch.units.definitions import JobUnits
 
 # The watcher's way to run a callback when a file descriptor is readable: errors
 # raised by the callback reach the watcher's loop, never asyncio's logger.
@@ -92,8 +93,9 @@ class Supervisor(Protocol):
     def kill_gang(self) -> None:
         """SIGKILL every process of every rank now."""
 
-    async def renew_gang(self) -> None:
-        """After a gang stop: containment for the ranks of a new attempt."""
+    async def renew_gang(self, units: JobUnits | None = None) -> None:
+        """After a gang stop: containment for the ranks of a new attempt (`units`: a new
+        round's, its ranks renumbered, for a supervisor that makes units)."""
 
     def catch_up(self) -> None:
         """Deliver every event that is already on its way (a stop from outside)."""

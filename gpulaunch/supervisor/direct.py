@@ -58,6 +58,7 @@ from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.keeper import KeeperLink, remove_tree
 from gpulaunch.supervisor.pgroups import Proc, descendants, reap_adopted, signal_all
 from gpulaunch.supervisor.restartcheck import RestartCheck
+from gpulaunch.units.definitions import JobUnits
 
 CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed ranks to leave their cgroups at the end
 PDEATHSIG_LINE = "watcher SIGKILLed → ranks killed by the kernel (PDEATHSIG)"
@@ -224,7 +225,7 @@ class CgroupSupervisor(_Direct):
         if "memory" in self._limits and self.spec.job_memory_max is not None:
             self.job.set("memory.max", self.spec.job_memory_max)
 
-    async def renew_gang(self) -> None:
+    async def renew_gang(self, units: JobUnits | None = None) -> None:
         self._gang_renewed()
         for index, (cgroup, rank) in enumerate(zip(self.ranks, self.spec.ranks, strict=True)):
             with contextlib.suppress(FileExistsError):
@@ -346,7 +347,7 @@ class ProcessGroupSupervisor(_Direct):
     async def create(self, watcher_pids: Sequence[int]) -> None:
         self._peer.update(p for p in watcher_pids if p != os.getpid())
 
-    async def renew_gang(self) -> None:
+    async def renew_gang(self, units: JobUnits | None = None) -> None:
         self._gang_renewed()
         self._rank_pids.clear()
 

@@ -138,8 +138,9 @@ class SystemdSupervisor(RestartCheck):
         if state is not None and (state.job_pending or state.active not in ("active", "reloading")):
             self._stopped_from_outside(self.units.job_slice.name)
 
-    async def renew_gang(self) -> None:
+    async def renew_gang(self, units: JobUnits | None = None) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.
+        self.units = units or self.units
         self._gang_renewed()
         self._gang_stop_asked = False
         await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice.name)

@@ -31,6 +31,7 @@ from gpulaunch.progress.channel import ProgressChannel
 from gpulaunch.recovery.settings import RecoveryOptions
 from gpulaunch.recovery.tracker import Recovery
 from gpulaunch.supervisor import Supervisor
+from gpulaunch.units.definitions import JobUnits
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
 from gpulaunch.watcher.eventloop import EventLoop
@@ -161,8 +162,9 @@ class Watcher(EventLoop):
         self.new_attempt()
         return True
 
-    def new_attempt(self) -> None:
-        """The gang of the next attempt, in new containment (the last one stopped)."""
+    def new_attempt(self, units: JobUnits | None = None) -> None:
+        """The gang of the next attempt, in new containment (the last one stopped);
+        `units`: a new round's, where its ranks were renumbered (watcher/rounds.py)."""
         if self.hang is not None:
             self.hang.hung_at = None  # that hang caused this restart, not the job's end
         self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
@@ -171,7 +173,7 @@ class Watcher(EventLoop):
         self._settle = Settle(self.spec.grace_sec)
         self._all_forked = False
         self._set_phase(Phase.STARTING)
-        self._run(self.supervisor.renew_gang())
+        self._run(self.supervisor.renew_gang(units))
 
     def _stopping_asked(self) -> bool:
         """Interrupted, or another node failed: no (more) ranks to start."""

@@ -54,9 +54,7 @@ def next_round(watcher: Watcher) -> bool:
         watcher.start_error = exc
         return False
     new, units = renumber(nodes.peer.draft, layout)
-    if [r.unit for r in new.ranks] != [r.unit for r in spec.ranks]:  # the ranks' names
-        if hasattr(watcher.supervisor, "units"):  # systemd: this round's scopes
-            setattr(watcher.supervisor, "units", units)  # noqa: B010 - not in the protocol
+    renamed = [r.unit for r in new.ranks] != [r.unit for r in spec.ranks]  # the ranks' names
     watcher.spec = new
     watcher.attempt = layout.attempt
     watcher.output.message(
@@ -64,7 +62,7 @@ def next_round(watcher: Watcher) -> bool:
         f"{layout.nnodes}, ranks {layout.first_rank}-{layout.first_rank + new.nproc - 1} "
         f"of {new.world_size}"
     )
-    watcher.new_attempt()
+    watcher.new_attempt(units if renamed else None)  # systemd: this round's scopes
     return True
 
 

@@ -50,7 +50,10 @@ def main() -> None:
     with open(os.path.join(args.dir, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
     with open(os.path.join(args.dir, f"rank{rank}.env"), "w") as f:
-        json.dump({k: v for k, v in os.environ.items() if k not in ("LS_COLORS",)}, f)
+        env = {k: v for k, v in os.environ.items() if k not in ("LS_COLORS",)}
+        with open("/proc/self/cgroup") as cgroup:  # its scope (the name says its rank)
+            env["/proc/self/cgroup"] = cgroup.read().strip()
+        json.dump(env, f)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
