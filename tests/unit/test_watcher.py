@@ -12,7 +12,7 @@ import signal
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -168,15 +168,6 @@ def make_job(
         tie=lambda pid: unit(names.tie_service),
     )
     return spec, units
-
-
-@pytest.fixture
-def wakeup() -> Iterator[tuple[int, socket.socket]]:
-    r, w = socket.socketpair()
-    r.setblocking(False)
-    yield r.fileno(), w
-    r.close()
-    w.close()
 
 
 def sh(script: str) -> list[str]:

@@ -8,10 +8,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from gpulaunch.model import CRASH_LOOP_STATUS, PREEMPTED_STATUS, Cause, JobReport
 from gpulaunch.recovery.classes import FailureClass
@@ -21,15 +18,6 @@ from gpulaunch.report import format_report
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, no_children_left, sh
-
-
-@pytest.fixture
-def wakeup() -> Iterator[tuple[int, socket.socket]]:
-    r, w = socket.socketpair()
-    r.setblocking(False)
-    yield r.fileno(), w
-    r.close()
-    w.close()
 
 
 def run(
