@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpulaunch.base import cgroup as cg
 from gpulaunch.model import RankProgress
-from gpulaunch.resources.nvml import GpuProcess, Gpus
+from gpulaunch.resources.nvml import GpuProcess, Gpus, gpu_use
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -66,13 +66,7 @@ class UsageReader:
         pids = cg.procs(group)
         usec = cg.cpu_usec(group)
         rss = [self._rss(p) for p in pids]
-        gpu_memory = gpu_util = None
-        for p in pids:
-            for use in on_gpu.get(p, ()):
-                if use.memory is not None:
-                    gpu_memory = (gpu_memory or 0) + use.memory
-                if use.sm_util is not None:
-                    gpu_util = (gpu_util or 0) + use.sm_util
+        gpu_memory, gpu_util = gpu_use(pids, on_gpu)
         known = [n for n in rss if n is not None]
         return RankUse(
             cpu_seconds=None if usec is None else usec / 1e6,

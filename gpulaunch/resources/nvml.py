@@ -33,6 +33,21 @@ class GpuProcess:
     sm_util: int | None  # percent, over NVML's last sampling window
 
 
+def gpu_use(
+    pids: Iterable[int], on_gpu: dict[int, list[GpuProcess]]
+) -> tuple[int | None, int | None]:
+    """The GPU memory (sum) and SM utilisation (sum over its processes) of a rank's pids."""
+    memory: int | None = None
+    util: int | None = None
+    for pid in pids:
+        for use in on_gpu.get(pid, ()):
+            if use.memory is not None:
+                memory = (memory or 0) + use.memory
+            if use.sm_util is not None:
+                util = (util or 0) + use.sm_util
+    return memory, util
+
+
 class Gpus:
     """NVML, initialised; `close()` shuts it down."""
 

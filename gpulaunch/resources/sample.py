@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from gpulaunch.base import cgroup as cg
-from gpulaunch.resources.nvml import GpuProcess, Gpus
+from gpulaunch.resources.nvml import GpuProcess, Gpus, gpu_use
 
 LIVE_STATES = ("held", "running")
 
@@ -179,7 +179,7 @@ class Sampler:
             why = cg.memory_controller(group)
             if why:
                 missing.setdefault("cgroup_memory", why)
-        gpu_memory, gpu_util = _gpu(procs.pids, on_gpu)
+        gpu_memory, gpu_util = gpu_use(procs.pids, on_gpu)
         return RankSample(
             rank=t.rank,
             unit=t.unit,
@@ -241,19 +241,6 @@ def _descendants(pid: int) -> list[int]:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
-
-
-def _gpu(pids: Sequence[int], on_gpu: dict[int, list[GpuProcess]]) -> tuple[int | None, int | None]:
-    """The GPU memory (sum) and SM utilisation (sum over its processes) of a rank's pids."""
-    memory: int | None = None
-    util: int | None = None
-    for pid in pids:
-        for use in on_gpu.get(pid, ()):
-            if use.memory is not None:
-                memory = (memory or 0) + use.memory
-            if use.sm_util is not None:
-                util = (util or 0) + use.sm_util
-    return memory, util
 
 
 def _sum(values: Sequence[float | int | None]) -> float | int | None:
