@@ -20,24 +20,29 @@ def check_own_name(host: str) -> None:
     (and to Gloo); a name that does not resolve makes them retry in silence until
     their timeout.
     """
-    try:
-        socket.getaddrinfo(host, None)
-    except OSError as exc:
+    if (why := _unresolved(host)) is not None:
         raise UnresolvableHost(
-            f"this node's name {host!r} does not resolve to an address ({exc.strerror}), and "
+            f"this node's name {host!r} does not resolve to an address ({why}), and "
             "torch would give it to the ranks; pass --local-addr with an address the nodes "
             "reach (e.g. --local-addr 127.0.0.1 on one node), or add the name to /etc/hosts"
-        ) from None
+        )
 
 
 def check_endpoint(endpoint: str) -> None:
     """Fail at once where torch's store would retry until its timeout: a name that does
     not resolve (a typo in --master-addr or --rdzv-endpoint)."""
     host = endpoint.rsplit(":", 1)[0].strip("[]")
+    if (why := _unresolved(host)) is not None:
+        raise UnresolvableHost(
+            f"the rendezvous address {host!r} does not resolve to an address ({why}); "
+            "give every node the same address of the node that serves it"
+        )
+
+
+def _unresolved(host: str) -> str | None:
+    """Why `host` does not resolve to an address, or None where it does."""
     try:
         socket.getaddrinfo(host, None)
     except OSError as exc:
-        raise UnresolvableHost(
-            f"the rendezvous address {host!r} does not resolve to an address ({exc.strerror}); "
-            "give every node the same address of the node that serves it"
-        ) from None
+        return exc.strerror or str(exc)
+    return None

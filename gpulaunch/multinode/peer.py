@@ -213,7 +213,7 @@ class Peer:
     # -- the three activities ---------------------------------------------
 
     def start_round(self) -> None:
-        """The cause watch and the heartbeat of this round (they end with it)."""
+        """The cause watch, the heartbeat and its watchdog of this round (they end with it)."""
         self._answered_at = None
         _thread(self.watch_cause, "cause-watch")
         _thread(self.heartbeat, "heartbeat")
