@@ -438,6 +438,19 @@ def test_rendezvous_that_never_completes_fails_in_one_line(mjob: MultiJob) -> No
     assert mjob.leftovers(0) == []
 
 
+def test_an_unresolvable_rendezvous_address_fails_at_once(mjob: MultiJob) -> None:
+    """A typo in --master-addr: torch's store would retry it until its timeout; gpulaunch
+    says so in one line at once (multinode/addresses.py) and leaves nothing behind."""
+    opts = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "no-such-host-gl19"]
+    opts += ["--master-port", str(mjob.port)]
+    res = mjob.boxes[0].run(mjob.argv(0, opts, []), cwd=str(REPO), capture_output=True, timeout=120)
+    assert res.returncode == 68, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1, res.stderr
+    assert "the rendezvous address 'no-such-host-gl19' does not resolve" in errors[0], res.stderr
+    assert mjob.leftovers(0) == []
+
+
 def test_unresolvable_hostname_fails_at_once_naming_local_addr(mjob: MultiJob) -> None:
     """Single-node c10d where this host's own name does not resolve: torch would hand it
     to the ranks (MASTER_ADDR), which would wait in silence; gpulaunch says what to do."""
