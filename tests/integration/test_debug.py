@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,6 +94,32 @@ def test_a_rank_that_only_lost_its_peer_is_not_named_the_cause(job: Job, recorde
     exited = float((job.dir / "rank1.exit").read_text())
     assert float((job.dir / "rank0.term").read_text()) > exited, res.stderr
     assert_clean(job)
+
+
+@pytest.mark.parametrize("who", ["direct", "user"])
+def test_the_rank_that_raised_is_the_cause_under_either_supervisor_and_for_a_user(
+    box: Any, job: Job, who: str
+) -> None:
+    """The same without @record, where users run: the direct supervisor (a container, a
+    Slurm step), and an ordinary user's login shell (the front end and their manager)."""
+    args = ["--victim-rank", "2", "--no-record"]
+    if who == "direct":
+        res = job.run("--supervisor", "direct", "--nproc", "3", script=SLOW_TEARDOWN,
+                      script_args=args, timeout=180)  # fmt: skip
+    else:
+        from tests.integration.test_frontend import assert_user_clean, make_user
+
+        login = make_user(box, "glorigin", manager=True)
+        job.dir.chmod(0o777)
+        res = login.run(job.argv("--nproc", "3", script=SLOW_TEARDOWN, script_args=args))
+    assert res.returncode == 1, res.stderr
+    assert "failed: rank 1 exit 1" in res.stderr, res.stderr
+    exited = float((job.dir / "rank1.exit").read_text())
+    assert float((job.dir / "rank0.term").read_text()) > exited, res.stderr
+    if who == "user":
+        assert_user_clean(login, job)
+    else:
+        assert job.alive() == []
 
 
 def test_an_error_file_then_exit_0_stops_nobody(job: Job) -> None:
