@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.model import Manager
-from gpulaunch.supervisor import Supervisor
-Capabilities = None
+from gpulaunch.supervisor import Capabilities, Supervisor
 from gpulaunch.supervisor.direct import CgroupSupervisor, ProcessGroupSupervisor
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.system import cgroupchecks, checks
