@@ -5,7 +5,7 @@ round's first failure (the store's `cause`, the same on every node) is one that
 restarts, every node stops its ranks and meets the others again through torch's
 rendezvous, as torchrun's elastic agent does; the peer (peer.py) does the meeting,
 this module decides whether to (gpulaunch/watcher/rounds.py starts the round). Pure.
-A rank's failure is classified and judged by recovery/ (`status_class`, `refusal`), as
+A rank's failure is classified and judged by recovery/ (`status_class`, `RestartPolicy.allows`), as
 on a single node: a new failure class is recovery/'s alone.
 """
 
@@ -22,7 +22,6 @@ from gpulaunch.base.protocol import (
     NodeFailure,
 )
 from gpulaunch.recovery.failure import status_class
-from gpulaunch.recovery.policy import refusal
 from gpulaunch.recovery.settings import RestartPolicy
 
 DEFAULT_POLICY = RestartPolicy()
@@ -47,7 +46,7 @@ def after_failure(
     same failure from the store, and the same flags on every node)."""
     if failure.rank is not None:  # a rank failed, on whichever node
         # recovery/ classifies it and applies --restart-on, --no-restart-exit-code
-        if refusal(policy, status_class(failure.status), failure.status) is not None:
+        if not policy.allows(status_class(failure.status), failure.status):
             return Next.END
         return Next.RESTART if layout.failures < max_restarts else Next.END
     if failure.node == JOINING_NODE:  # a late or returning node (peer.py): not a failure

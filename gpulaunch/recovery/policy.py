@@ -14,7 +14,6 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpulaunch.recovery.classes import FailureClass
 from gpulaunch.recovery.failure import Failure
 from gpulaunch.recovery.progress import made_progress
 from gpulaunch.recovery.settings import RestartPolicy
@@ -56,16 +55,6 @@ def crash_loop_length(policy: RestartPolicy, failures: Sequence[Failure]) -> int
     return length
 
 
-def refusal(policy: RestartPolicy, kind: FailureClass, status: int) -> Verdict | None:
-    """Why a failure of this class and status is never restarted (the script's exit code,
-    --restart-on), or None: the policy's rules by class, on every node alike."""
-    if policy.says_do_not_restart(kind, status):
-        return Verdict.NO_RESTART_CODE
-    if not policy.restarts(kind):
-        return Verdict.NOT_RESTARTED
-    return None
-
-
 def decide(
     policy: RestartPolicy, max_restarts: int, failures: Sequence[Failure], stopping: bool = False
 ) -> Decision:
@@ -81,13 +70,12 @@ def decide(
     if done >= max_restarts:  # (none allowed, or all made): nothing to say but the report's
         return Decision(Verdict.SPENT)
     not_restarted = f"gpulaunch: {failure.what}; not restarting"
-    refused = refusal(policy, failure.kind, failure.status)
-    if refused is Verdict.NO_RESTART_CODE:
+    if policy.says_do_not_restart(failure.kind, failure.status):
         return Decision(
             Verdict.NO_RESTART_CODE,
             f"{not_restarted}: exit {failure.status} says do not restart (--no-restart-exit-code)",
         )
-    if refused is Verdict.NOT_RESTARTED:
+    if not policy.restarts(failure.kind):
         return Decision(
             Verdict.NOT_RESTARTED,
             f"{not_restarted}: {failure.kind} is not in --restart-on "

@@ -26,7 +26,7 @@ from gpulaunch.model import (
 from gpulaunch.recovery.classes import FailureClass, parse_classes
 from gpulaunch.recovery.failure import Failure, classify, status_class
 from gpulaunch.recovery.options import add_recovery_options, parse_signal, recovery_options
-from gpulaunch.recovery.policy import Verdict, crash_loop_length, decide, refusal
+from gpulaunch.recovery.policy import Verdict, crash_loop_length, decide
 from gpulaunch.recovery.preempt import (
     DEADLINE_FILE_ENV,
     GRACE_ENV,
@@ -83,11 +83,12 @@ def test_another_nodes_rank_is_classified_by_its_status() -> None:
     assert status_class(128 + signal.SIGKILL) is FailureClass.SIGNAL
 
 
-def test_refusal_is_the_policy_by_class_on_every_node() -> None:
-    assert refusal(RestartPolicy(), FailureClass.EXIT, 1) is None
-    assert refusal(RestartPolicy(), FailureClass.EXIT, 78) is Verdict.NO_RESTART_CODE
-    assert refusal(RestartPolicy(), FailureClass.SIGNAL, 78) is None  # 78 is no exit code then
-    assert refusal(RestartPolicy(), FailureClass.OOM, 137) is Verdict.NOT_RESTARTED
+def test_the_policy_by_class_is_the_same_on_every_node() -> None:
+    policy = RestartPolicy()
+    assert policy.allows(FailureClass.EXIT, 1)
+    assert not policy.allows(FailureClass.EXIT, 78)  # --no-restart-exit-code
+    assert policy.allows(FailureClass.SIGNAL, 78)  # 78 is no exit code then
+    assert not policy.allows(FailureClass.OOM, 137)  # not in --restart-on
 
 
 def test_failure_classes_are_named_only_in_recovery() -> None:
