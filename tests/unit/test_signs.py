@@ -5,6 +5,7 @@ is checked against the code, so that a sign cannot go stale unnoticed (issue 34)
   each as a word `name.py` (a path such as `watcher/loop.py` is a citation, not a name);
 - every file a module, a test or a document cites (`supervisor/direct.py`,
   `docs/recovery.md`, `systemd-facts.md`) is in the repository;
+- docs/architecture.md's drawing of the layers is pyproject.toml's contract.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,25 @@ def test_every_cited_file_is_in_the_repository() -> None:
             if not found:
                 missing.append(f"{rel}:{number}: {cited}")
     assert missing == []
+
+
+# -- the layers -----------------------------------------------------------------------
+
+
+def drawn_layers() -> list[str]:
+    """docs/architecture.md's drawing under "### The layers": one rung a line, its
+    folders before the first run of two spaces, `|` between side-by-side folders."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("### The layers", 1)[1]
+    drawing = section.split("```", 2)[1]
+    return [re.split(r"\s{2,}", line.strip())[0] for line in drawing.strip().splitlines()]
+
+
+def test_the_layer_drawing_is_the_contract() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    rungs = [
+        " | ".join(m.strip().removeprefix("gpulaunch.") for m in layer.split("|"))
+        for layer in contract["layers"]
+    ]
+    assert drawn_layers() == rungs
