@@ -148,3 +148,36 @@ def test_the_layer_drawing_is_the_contract() -> None:
         for layer in contract["layers"]
     ]
     assert drawn_layers() == rungs
+
+
+# -- the module map ---------------------------------------------------------------------
+
+
+def module_map() -> dict[str, str]:
+    """docs/architecture.md's "## The modules": each entry (`watcher/`, `cli.py`) and its
+    words, continuation lines included."""
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## The modules", 1)[1]
+    entries: dict[str, str] = {}
+    current = ""
+    for line in section.split("```", 2)[1].splitlines():
+        if line and not line[0].isspace():
+            current, _, line = line.partition(" ")
+            entries[current] = ""
+        if current:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_the_module_map_names_every_module() -> None:
+    """Each module of the package is in the map: a top-level module as its own entry, a
+    folder's module as a word of its folder's entry."""
+    entries = module_map()
+    missing = [p.name for p in PACKAGE.glob("*.py") if p.name not in entries]
+    missing.remove("__init__.py")
+    for package in PACKAGES:
+        words = set(re.findall(r"\w+", entries.get(f"{package.name}/", "")))
+        modules = {p.stem for p in package.glob("*.py")} - {"__init__"}
+        missing += [f"{package.name}/{m}.py" for m in sorted(modules - words)]
+    gone = [e for e in entries if e.endswith("/") and not (PACKAGE / e).is_dir()]
+    gone += [e for e in entries if e.endswith(".py") and not (PACKAGE / e).is_file()]
+    assert {"missing": missing, "gone": gone} == {"missing": [], "gone": []}
