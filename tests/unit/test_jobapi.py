@@ -24,10 +24,8 @@ from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.interface import (
     FINISHED_SIGNATURE,
-    POLICY_FILE,
     RANK_EXITED_SIGNATURE,
     interface_xml,
-    packaging_dir,
 )
 from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.record import Recorder
@@ -42,6 +40,7 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
+from gpulaunch.system.files import BUS_POLICY
 from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_watcher import FakeSystemd, make_job, sh
 
@@ -127,7 +126,7 @@ def test_properties_round_trip() -> None:
 
 
 def test_policy_lets_root_own_and_anyone_call() -> None:
-    root = ET.parse(packaging_dir() / POLICY_FILE).getroot()
+    root = ET.parse(BUS_POLICY.source).getroot()  # what `gpulaunch setup` installs
     owners = [a.get("own_prefix") for p in root if p.get("user") == "root" for a in p]
     assert owners == ["io.gpulaunch.job"]
     default = next(p for p in root if p.get("context") == "default")
