@@ -17,7 +17,7 @@ from gpulaunch.recovery.settings import RecoveryOptions, RestartPolicy
 from gpulaunch.report import format_report
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_watcher import FakeSystemd, make_job, no_children_left, sh
+from tests.unit.fakes import FakeSystemd, make_job, no_children_left, sh
 
 
 def run(
