@@ -20,8 +20,7 @@ import pytest
 
 from tests.integration.container import container
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, wait_until
-from tests.integration.test_direct import PGROUP_LINE, gpulaunch
-from tests.integration.test_frontend import Login, assert_user_clean, make_user
+from tests.integration.shared import PGROUP_LINE, Login, assert_user_clean, gpulaunch, make_user
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """What a rank's @record error file means for the job (watcher/errorwatch.py, loop._failed).
 
-The real loop with the fake systemd of test_watcher.py and real children; inotify is real.
+The real loop with the fake systemd of fakes.py and real children; inotify is real.
 """
 
 from __future__ import annotations

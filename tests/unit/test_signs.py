@@ -181,3 +181,23 @@ def test_the_module_map_names_every_module() -> None:
     gone = [e for e in entries if e.endswith("/") and not (PACKAGE / e).is_dir()]
     gone += [e for e in entries if e.endswith(".py") and not (PACKAGE / e).is_file()]
     assert {"missing": missing, "gone": gone} == {"missing": [], "gone": []}
+
+
+# -- tests ------------------------------------------------------------------------------
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in a module that is not a test module (tests/unit/fakes.py,
+    tests/integration/shared.py and jobs.py, tests/gpu/helpers.py, tests/vm/vmjobs.py):
+    a test module's name says what it tests, never what others need of it."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = []
+            if isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            if any(m.rsplit(".", 1)[-1].startswith("test_") for m in modules):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

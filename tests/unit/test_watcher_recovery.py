@@ -1,4 +1,4 @@
-"""The watcher acting on recovery/'s decisions, with test_watcher.py's fake systemd and real
+"""The watcher acting on recovery/'s decisions, with fakes.py's fake systemd and real
 children: a crash loop ends after K attempts, exit 78 at once, an OOM-like class not
 restarted, a preemption gives the ranks --preempt-grace, not --grace."""
 
