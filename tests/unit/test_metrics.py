@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,6 +141,14 @@ def test_the_series_parse_with_their_labels_and_values(open_metrics: bool) -> No
     assert ("gpulaunch_rank_memory_bytes", labels(10)) not in got
     assert not any(name == "gpulaunch_rank_step" and ("rank", "11") in ls for name, ls in got)
     assert not any(("rank", "12") in ls and name.endswith("cpu_seconds_total") for name, ls in got)
+
+
+def test_docs_metrics_lists_exactly_the_series_served() -> None:
+    """A new series is a row of docs/metrics.md too (docs/architecture.md, "How to add")."""
+    served = {name for name, _ in samples(openmetrics(families(progress(), USES, "n1", 100.0)))}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"^\| `(gpulaunch_\w+)", text, re.MULTILINE))
+    assert served == listed
 
 
 def test_a_job_without_steps_has_no_step_families() -> None:
