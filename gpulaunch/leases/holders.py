@@ -161,8 +161,9 @@ class _Sight:
     """What this process can see of the locks now: /proc/locks, then (once, if needed)
     the open files of every process it may read."""
 
-    def __init__(self, root: Path | None, proc: Path) -> None:
+    def __init__(self, root: Path | None, proc: Path, thorough: bool = False) -> None:
         self.root, self.proc = root, proc
+        self.thorough = thorough  # look for hidden holders of every lock file (`list`)
         self.locks = lock_pids(proc)
         self.files = _lock_files(root)
         self._by_fd: dict[str, int] | None = None
@@ -182,8 +183,10 @@ class _Sight:
         if taker is not None and _owner(taker, self.proc) >= 0:
             uid = _owner(taker, self.proc)
             return taker, _user(uid), _unit(taker, self.proc), self._note(taker, uid), None
-        pid = self.by_fd(name)  # the taker is gone, or hidden from this pid namespace
         gone = taker if taker else None
+        if gone is None and not known_busy and not self.thorough:
+            return -1, "?", "?", None, None  # not seen held (a start's warning: no scan)
+        pid = self.by_fd(name)  # the taker is gone, or hidden from this pid namespace
         if pid is not None and (uid := _owner(pid, self.proc)) >= 0:
             return pid, _user(uid), _unit(pid, self.proc), self._note(pid, uid), gone
         if gone is None and not known_busy:
@@ -213,7 +216,7 @@ def lease_rows(root: Path | None = None, proc: Path = Path("/proc")) -> list[tup
     """`gpulaunch list`: a row per GPU leased now (device, job, user, unit, pid); no GPU
     inventory needed: the lock files say which device each is. A lock taken by a process
     that is gone, held by one we cannot see, is a row of "?"s with the taker's pid."""
-    sight = _Sight(root, proc)
+    sight = _Sight(root, proc, thorough=True)
     rows: list[tuple[str, ...]] = []
     for name in sorted(sight.files, key=lambda n: (len(n), n)):
         pid, user, unit, job, taker = sight.held(name, known_busy=False)
