@@ -141,6 +141,7 @@ def write_note(job: str, root: Path | None = None) -> Path | None:
         return None
     name = str(os.getpid())
     try:
+        _prune(dfd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dfd)  # a stale note of ours: the directory is ours alone
         try:
@@ -157,6 +158,26 @@ def write_note(job: str, root: Path | None = None) -> Path | None:
         return notes_dir(uid, root) / name
     finally:
         os.close(dfd)
+
+
+def _prune(dfd: int) -> None:
+    """Remove the notes of holders that are gone (a SIGKILLed watcher's): those whose pid
+    no longer runs with the start time the note names. The directory is the writer's own."""
+    for entry in os.listdir(dfd):
+        try:
+            fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        except OSError:
+            continue
+        try:
+            started = os.read(fd, 64).split(b" ", 1)[0].decode("ascii", "replace")
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        now = start_time(int(entry)) if entry.isdigit() else None
+        if now is None or (started and started != now):  # (empty: being written now)
+            with contextlib.suppress(OSError):
+                os.unlink(entry, dir_fd=dfd)
 
 
 def remove_note(path: Path | None) -> None:

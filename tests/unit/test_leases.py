@@ -311,11 +311,14 @@ def test_root_notes_go_where_only_root_writes(machine: Path) -> None:
     assert note is not None and note.parent == machine / "run/gpulaunch/holders"
     assert stat.S_IMODE(note.parent.stat().st_mode) == 0o755
     note.unlink()
+    stale = note.parent / "999999999"  # a SIGKILLed holder's: removed by the next note
+    stale.write_text("1 gone")
     note.parent.chmod(0o1777)
     assert read_note(os.getpid(), 0, machine) is None  # a directory others write: not believed
     note = write_note("mine", machine)
     assert note is not None and stat.S_IMODE(note.parent.stat().st_mode) == 0o755
     assert read_note(os.getpid(), 0, machine) == "mine"
+    assert os.listdir(note.parent) == [note.name]
     note.unlink()
     for d in (machine / "run/gpulaunch", *(machine / "run/gpulaunch").rglob("*")):
         assert not (d.is_dir() and d.stat().st_mode & 0o002), d
