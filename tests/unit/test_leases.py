@@ -480,3 +480,15 @@ def test_a_holder_that_hides_behind_a_setsid_child_is_named(
     assert "held by ;" not in seen["refusal"]
     assert [row[0] for row in seen["rows"]] == ["/dev/nvidia0"], seen
     assert seen["rows"][0][2] == me and seen["rows"][0][4] == str(seen["keeper"]), seen
+
+
+def test_the_shipped_tmpfiles_entry_makes_nothing_others_may_write() -> None:
+    """Issue 35: packaging/tmpfiles.d made /run/gpulaunch/holders 1777 at every boot (and
+    `gpulaunch setup` / the .deb install ran it). Every path it makes is root's and closed
+    to others; `d` also closes the one an older version made."""
+    conf = Path(__file__).resolve().parents[2] / "packaging/tmpfiles.d/gpulaunch.conf"
+    entries = [line.split() for line in conf.read_text().splitlines() if line[:1].isalpha()]
+    assert entries and all(e[1].startswith("/run/gpulaunch") for e in entries)
+    for kind, path, mode, user, group, *_ in entries:
+        assert (user, group) == ("root", "root") and not int(mode, 8) & 0o022, (kind, path, mode)
+    assert ["d", "/run/gpulaunch/holders", "0755"] in [e[:3] for e in entries]
