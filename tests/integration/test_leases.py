@@ -127,6 +127,19 @@ def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
             assert res.returncode != 0 and not (d / "x").exists(), d
         notes = [n.name for n in (runtime / "gpulaunch/holders").iterdir()]
         assert notes == [str(holder_pid(line, BUSES[1]))], notes
+        # and the machine's own /run/gpulaunch, where root's jobs keep their records, error
+        # files and progress sockets: nothing there that others may write either, once this
+        # version's tmpfiles.d entry is applied as `gpulaunch setup` and the .deb do (over
+        # what an older entry in the host's /etc, which the box boots with, made)
+        conf = str(REPO / "packaging/tmpfiles.d/gpulaunch.conf")
+        job.box.run(["systemd-tmpfiles", "--create", conf], capture_output=True)
+        found = job.box.run(
+            ["find", "/run/gpulaunch", "-type", "d", "-perm", "/022"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert found.stdout == "", found.stdout
         for victim, bus, name in ((procs[1], BUSES[1], b), (procs[0], BUSES[0], a)):
             pid = holder_pid(line, bus)  # the watcher, as the kernel's /proc/locks names it
             job.box.run(["kill", "-KILL", str(pid)], check=True)

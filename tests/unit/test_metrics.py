@@ -333,6 +333,32 @@ def test_scrapes_are_served_while_40_idle_connections_are_open() -> None:
     assert len(answers) == 25 and all(a.startswith(b"HTTP/1.1 200 OK") for a in answers)
 
 
+def test_a_connection_that_never_asks_is_dropped_after_the_head_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new connection must send its request within HEAD_TIMEOUT (5 s; shortened here)."""
+    from gpulaunch.metrics import server as module
+
+    monkeypatch.setattr(module, "HEAD_TIMEOUT", 0.2)
+
+    async def main() -> bytes:
+        server = MetricsServer(bind(Listen("127.0.0.1", 0)), lambda om: (b"a 1\n", "t"))
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", server.sock.getsockname()[1]
+            )
+            writer.write(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            try:
+                return await asyncio.wait_for(reader.read(), 10)
+            finally:
+                writer.close()
+        finally:
+            await server.aclose()
+
+    assert asyncio.run(main()) == b""  # closed without an answer, well before 10 s
+
+
 def test_a_port_in_use_is_one_line() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
