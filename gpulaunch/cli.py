@@ -170,6 +170,13 @@ def _interval(text: str) -> float:
     return value
 
 
+def _root_dir(text: str) -> Path:
+    """`setup --root DIR`: an empty one is a mistake (Path("") is ".", the current one)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: give a directory (--root . for this one)")
+    return Path(text)
+
+
 def _add_system_commands(sub: Any) -> None:
     """setup and doctor (gpulaunch/system/)."""
     p = sub.add_parser(
@@ -194,7 +201,7 @@ def _add_system_commands(sub: Any) -> None:
     p.add_argument("--uninstall", action="store_true", help="remove what setup installed")
     p.add_argument(
         "--root",
-        type=Path,
+        type=_root_dir,
         metavar="DIR",
         help="install under DIR instead of / (an image, a package); reloads nothing",
     )

@@ -417,7 +417,7 @@ def _lease(
     ranks it forks: leases/store.py), and plan the same job (its id kept) on them."""
     import atexit
 
-    from gpulaunch.leases.holders import remove_note, write_note
+    from gpulaunch.leases.notes import remove_note, write_note
     from gpulaunch.leases.request import take
     from gpulaunch.leases.store import hold_for_ranks
 

@@ -6,7 +6,8 @@
         step(n, total=len(loader) * epochs)
 
 Each call sends one sd_notify datagram (`X_GPULAUNCH_STEP=N`, ...) to the socket
-`NOTIFY_SOCKET` names, which gpulaunch's watcher gives every rank; without it
+`NOTIFY_SOCKET` names (a path, as gpulaunch's watcher gives every rank: a socket only
+the job's user can reach; or an `@abstract` name, as sd_notify(3) reads both); without it
 (run by anything else) every call is a no-op. A call never blocks and never
 raises: a datagram the watcher has no room for is dropped (the next step says
 more). Importing this module loads nothing of the launcher (only `os`, `socket`),

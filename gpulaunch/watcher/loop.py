@@ -99,7 +99,9 @@ class Watcher(EventLoop):
         self.usage = UsageReader(spec)  # what each rank used, read as it ends
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
         self.recovery = Recovery(spec.max_restarts, recovery or RecoveryOptions())
-        self.steps = ProgressChannel(spec, lambda: self.ranks, self.output.message, journal)
+        self.steps = ProgressChannel(
+            spec, lambda: self.ranks, self.output.message, journal, base=self._runtime_dir
+        )
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, lambda f: on_elsewhere(self, f))
