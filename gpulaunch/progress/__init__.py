@@ -14,7 +14,8 @@ more). Importing this module loads nothing of the launcher (only `os`, `socket`)
 so the rank may import it anywhere; the watcher's side of the channel lives in
 the modules of this folder, which this one never imports:
 
-- `channel.py`: the job's datagram socket; `protocol.py`: one datagram, read;
+- `channel.py`: the job's datagram socket; `socketdir.py`: the private directory it is
+  bound in; `protocol.py`: one datagram, read;
 - `tracker.py`: one rank's steps, its rate and step time; `behind.py`: where the
   ranks' steps stopped, for a hang by steps;
 - `stragglers.py`: which ranks are stragglers, `journal.py`: their journal entries;
