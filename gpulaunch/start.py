@@ -320,11 +320,11 @@ def _contain(
     chosen = open_supervisor(opts.supervisor, spec, job.units, os.environ, stack, warn)
     if gate is not None:  # each restart's ranks pass the gate too (--max-restarts)
         chosen.supervisor.restart_check = gate.check
-    direct = chosen.supervisor.name == "direct"
-    if entry.no_bus and not direct:
+    can = chosen.supervisor.can
+    if entry.no_bus and can.publishes_on_bus:
         warn(entry.no_bus)
-    unpublished = direct or bool(entry.no_bus)  # no bus to publish the job on: a record file
-    if direct:
+    unpublished = not can.publishes_on_bus or bool(entry.no_bus)  # no bus: a record file
+    if can.needs_keeper:
         if keeper is None and job.peer is None:  # the peer must stay the watcher's child
             keeper = fork_keeper_for(spec)
         chosen = kept(chosen, keeper)
@@ -333,7 +333,7 @@ def _contain(
         output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
         output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
         # warnings about a job that runs: not before its units exist (it may be refused)
-        _warn_about(spec, output, direct)
+        _warn_about(spec, output, can.manager_limits)
         if detached is not None:
             detached.started()
 
@@ -431,7 +431,7 @@ def _lease(
     return opts, job
 
 
-def _warn_about(spec: JobSpec, output: Output, direct: bool) -> None:
+def _warn_about(spec: JobSpec, output: Output, manager_limits: bool) -> None:
     if omp_default_applies(os.environ, spec.nproc):
         output.message(
             "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's default) "
@@ -443,7 +443,7 @@ def _warn_about(spec: JobSpec, output: Output, direct: bool) -> None:
             "rules: each rank sees only its GPU, but could still open the others; run as root "
             "for enforced isolation"
         )
-    if not direct:  # the direct supervisor says it itself (supervisor/direct.py)
+    if manager_limits:  # else the supervisor says it itself (supervisor/direct.py)
         for text in unenforced(spec):
             output.message(f"gpulaunch: warning: {text}")
 

@@ -1,6 +1,6 @@
 """The client side of the job API: talks to the watchers on one bus (docs/dbus.md).
 
-Used by `gpulaunch list | status | stop | wait` (jobctl.py), which import it only
+Used by `gpulaunch list | status | stop | wait` (commands.py), which import it only
 when they run: dbus-fast and asyncio cost ~0.1 s to import.
 """
 

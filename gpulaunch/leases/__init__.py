@@ -1,6 +1,6 @@
 """Shared GPU machines (issue 28): leases between jobs, a health gate, GPU accounting.
 
-ask.py, request.py: `--gpus auto:N` and `--wait-for-gpus` turned into a lease before the plan;
+request.py: `--gpus auto:N` and `--wait-for-gpus` turned into a lease before the plan;
 store.py: the per-GPU lock files under /run/gpulaunch/gpus and taking them;
 holders.py: who holds a GPU (the kernel's /proc/locks, the holders' notes), for refusals
 and `gpulaunch list`;

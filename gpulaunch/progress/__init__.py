@@ -11,7 +11,13 @@ Each call sends one sd_notify datagram (`X_GPULAUNCH_STEP=N`, ...) to the socket
 raises: a datagram the watcher has no room for is dropped (the next step says
 more). Importing this module loads nothing of the launcher (only `os`, `socket`),
 so the rank may import it anywhere; the watcher's side of the channel lives in
-the modules of this folder, which this one never imports.
+the modules of this folder, which this one never imports:
+
+- `channel.py`: the job's datagram socket; `protocol.py`: one datagram, read;
+- `tracker.py`: one rank's steps, its rate and step time; `behind.py`: where the
+  ranks' steps stopped, for a hang by steps;
+- `stragglers.py`: which ranks are stragglers, `journal.py`: their journal entries;
+- `options.py`: `start --straggler-factor/--straggler-steps`.
 """
 
 from __future__ import annotations

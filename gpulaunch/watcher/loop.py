@@ -76,7 +76,7 @@ class Watcher(EventLoop):
         self.on_created = on_created  # called once the job's units exist
         self.finish = finish
         self.phase = Phase.STARTING
-        self.ranks = [Rank(spec=r, units=supervisor.name != "direct") for r in spec.ranks]
+        self.ranks = [Rank(spec=r, units=supervisor.can.makes_units) for r in spec.ranks]
         self.pump_pids: dict[int, list[int]] = {}  # rank -> its pumps' pids, every attempt
         self.interrupt: tuple[float, int] | None = None
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
@@ -167,7 +167,7 @@ class Watcher(EventLoop):
         `units`: a new round's, where its ranks were renumbered (watcher/rounds.py)."""
         if self.hang is not None:
             self.hang.hung_at = None  # that hang caused this restart, not the job's end
-        self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
+        self.ranks = [Rank(spec=r, units=self.supervisor.can.makes_units) for r in self.spec.ranks]
         self.stop_issued = False
         self._failure_pending = None
         self._settle = Settle(self.spec.grace_sec)

@@ -13,9 +13,9 @@ import pytest
 from gpulaunch.base.names import UnitNames
 from tests.fake_machine import FakeGpu, write_fake_machine
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, REPO, Job, wait_until
-from tests.integration.test_dbus import box_user
+from tests.integration.shared import box_user
 
-__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
+__all__ = ["box_user"]  # a fixture (shared.py)
 
 pytestmark = pytest.mark.integration
 

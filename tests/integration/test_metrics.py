@@ -21,8 +21,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, new_job, wait_until
-from tests.integration.test_dbus import finish
-from tests.integration.test_frontend import assert_user_clean, make_user
+from tests.integration.shared import assert_user_clean, finish, make_user
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,17 @@ import pytest
 from gpulaunch.progress.journal import STRAGGLER_MESSAGE_ID
 from tests.integration.container import container
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, assert_clean, wait_until
-from tests.integration.test_dbus import Subscriber, finish, gl, prop, start_running
-from tests.integration.test_direct import CGROUP_LINE, PGROUP_LINE, gpulaunch
-from tests.integration.test_frontend import make_user
+from tests.integration.shared import (
+    CGROUP_LINE,
+    PGROUP_LINE,
+    Subscriber,
+    finish,
+    gl,
+    gpulaunch,
+    make_user,
+    prop,
+    start_running,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from tests.integration.jobs import Job, wait_until
-from tests.integration.test_dbus import box_user, gl, one_line_error
+from tests.integration.shared import box_user, gl, one_line_error
 
-__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
+__all__ = ["box_user"]  # a fixture (shared.py)
 pytestmark = pytest.mark.integration
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import replace
@@ -156,6 +157,14 @@ def test_a_ranks_gpu_series_carry_dcgms_gpu_labels() -> None:
     assert got[memory] == 1 << 30
     assert got[("gpulaunch_rank_gpu_utilization_ratio", labels(11, gpu="4"))] == 0.35
     assert got[("gpulaunch_rank_cpu_seconds_total", labels(10))] == 12.5  # no GPU labels
+
+
+def test_docs_metrics_lists_exactly_the_series_served() -> None:
+    """A new series is a row of docs/metrics.md too (docs/architecture.md, "How to add")."""
+    served = {name for name, _ in samples(openmetrics(families(progress(), USES, "n1", 100.0)))}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"^\| `(gpulaunch_\w+)", text, re.MULTILINE))
+    assert served == listed
 
 
 def test_a_job_without_steps_has_no_step_families() -> None:

@@ -29,7 +29,7 @@ from gpulaunch.progress.stragglers import Stragglers
 from gpulaunch.progress.tracker import Sample, StepTracker
 from gpulaunch.watcher.hangwatch import last_step
 from gpulaunch.watcher.ranks import Rank
-from tests.unit.test_watcher import make_job
+from tests.unit.fakes import make_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
