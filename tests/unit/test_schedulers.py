@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
 from gpulaunch.model import (
     CRASH_LOOP_STATUS,
@@ -15,6 +17,7 @@ from gpulaunch.model import (
     RankResult,
 )
 from gpulaunch.schedulers.jobmap import add_job, jobs_on, remove_job
+from gpulaunch.schedulers.slurm import SlurmEnd, _seconds, classify
 from gpulaunch.schedulers.termination import (
     LIMIT,
     termination_message,
@@ -124,3 +127,49 @@ def test_concurrent_writers_lose_no_line(tmp_path: Path) -> None:
     for pid in pids:
         assert os.waitpid(pid, 0)[1] == 0
     assert sorted(jobs_on(tmp_path)[0]) == sorted(f"j{n}-{i}" for n in range(8) for i in range(20))
+
+
+# `scontrol show job -o` as Slurm 22.05 answered it when each of these SIGTERMs came (the box's
+# Slurm, tests/integration/test_slurm_ends.py), cut to the fields that matter and a few others.
+REQUEUE = (
+    "JobId=2 JobName=job.sh JobState=COMPLETING Reason=None Dependency=(null) Requeue=1 "
+    "Restarts=1 BatchFlag=1 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED EndTime=Unknown"
+)
+SCANCEL = (
+    "JobId=1 JobName=job.sh JobState=COMPLETING Reason=None Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED "
+    "EndTime=2026-12-02T05:56:15"
+)
+TIMELIMIT = (
+    "JobId=3 JobName=job.sh JobState=COMPLETING Reason=TimeLimit Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:01:16 TimeLimit=00:01:00"
+)
+SLURM = {"SLURM_JOB_ID": "3"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "env", "end"),
+    [
+        (REQUEUE, SLURM, SlurmEnd.REQUEUED),
+        (REQUEUE, {**SLURM, "SLURM_RESTART_COUNT": "1"}, SlurmEnd.CANCELLED),  # its own run's
+        (SCANCEL, SLURM, SlurmEnd.CANCELLED),
+        (TIMELIMIT, SLURM, SlurmEnd.TIME_LIMIT),
+        (TIMELIMIT.replace("Reason=TimeLimit", "Reason=None"), SLURM, SlurmEnd.TIME_LIMIT),
+        (SCANCEL.replace("COMPLETING", "PREEMPTED"), SLURM, SlurmEnd.REQUEUED),
+        (None, SLURM, None),  # no answer, no end time: not known
+        (None, {**SLURM, "SLURM_JOB_END_TIME": "1000"}, SlurmEnd.TIME_LIMIT),
+        (None, {**SLURM, "SLURM_JOB_END_TIME": "9000"}, None),
+        (SCANCEL, {}, None),  # not in Slurm
+    ],
+)
+def test_why_slurm_sent_sigterm(
+    answer: str | None, env: dict[str, str], end: SlurmEnd | None
+) -> None:
+    assert classify(answer, env, now=1000.0) is end
+
+
+def test_slurm_time_spans() -> None:
+    assert _seconds("00:01:00") == 60
+    assert _seconds("1-02:00:00") == 93600
+    assert _seconds("05:30") == 330
+    assert _seconds("UNLIMITED") is None
