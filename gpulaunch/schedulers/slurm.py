@@ -3,7 +3,7 @@
 Slurm signals a job the same way for a preemption or `scontrol requeue` (it will run again),
 an `scancel` (it will not) and its `--time` running out; only the controller knows which.
 `scontrol show job -o $SLURM_JOB_ID`, asked when the signal came, tells them apart
-(verified with Slurm 22.05 in the box, tests/integration/test_slurm_ends.py):
+(Slurm 22.05 in the box answered so; tests/unit/test_schedulers.py holds its answers):
 
 - requeued: `Restarts=` is already past the run's own `SLURM_RESTART_COUNT` (the
   controller counted the requeue before it signalled this run);
