@@ -43,6 +43,7 @@ from gpulaunch.plan.spec import (
 )
 from gpulaunch.report import count, format_report
 from gpulaunch.resources.controllers import unenforced
+from gpulaunch.schedulers.observers import scheduler_observers
 from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
@@ -348,6 +349,7 @@ def _contain(
         *((FileRecorder(warn),) if unpublished else ()),
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
+        *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map
     )
     return _Contained(chosen, observers, publisher, journal, announce, gate)
 

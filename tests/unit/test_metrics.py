@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,21 @@ def test_the_series_parse_with_their_labels_and_values(open_metrics: bool) -> No
     assert ("gpulaunch_rank_memory_bytes", labels(10)) not in got
     assert not any(name == "gpulaunch_rank_step" and ("rank", "11") in ls for name, ls in got)
     assert not any(("rank", "12") in ls and name.endswith("cpu_seconds_total") for name, ls in got)
+
+
+def test_a_ranks_gpu_series_carry_dcgms_gpu_labels() -> None:
+    """`gpu` and `UUID` as dcgm-exporter labels its series: a query can join them."""
+    uuid = "GPU-0a0a0a0a-1111-2222-3333-444444444444"
+    job = progress()
+    ranks = list(job.spec.ranks)
+    ranks[0] = replace(ranks[0], gpu=3, env={"CUDA_VISIBLE_DEVICES": uuid})
+    ranks[1] = replace(ranks[1], gpu=4, env={"CUDA_VISIBLE_DEVICES": "4"})  # index only
+    job = replace(job, spec=replace(job.spec, ranks=tuple(ranks)))
+    got = samples(openmetrics(families(job, USES, "n1", now=100.0)))
+    memory = ("gpulaunch_rank_gpu_memory_bytes", labels(10, gpu="3", UUID=uuid))
+    assert got[memory] == 1 << 30
+    assert got[("gpulaunch_rank_gpu_utilization_ratio", labels(11, gpu="4"))] == 0.35
+    assert got[("gpulaunch_rank_cpu_seconds_total", labels(10))] == 12.5  # no GPU labels
 
 
 def test_docs_metrics_lists_exactly_the_series_served() -> None:
