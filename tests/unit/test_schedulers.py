@@ -129,8 +129,8 @@ def test_concurrent_writers_lose_no_line(tmp_path: Path) -> None:
     assert sorted(jobs_on(tmp_path)[0]) == sorted(f"j{n}-{i}" for n in range(8) for i in range(20))
 
 
-# `scontrol show job -o` as Slurm 22.05 answered it when each of these SIGTERMs came (the box's
-# Slurm, seen by a probe script that trapped SIGTERM), cut to the fields that matter and a few others.
+# `scontrol show job -o` as Slurm 22.05 answered it when each of these SIGTERMs came (the
+# box's Slurm, seen by a probe script that trapped SIGTERM), cut to the fields that matter.
 REQUEUE = (
     "JobId=2 JobName=job.sh JobState=COMPLETING Reason=None Dependency=(null) Requeue=1 "
     "Restarts=1 BatchFlag=1 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED EndTime=Unknown"
