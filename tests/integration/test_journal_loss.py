@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job
-from tests.integration.test_logs import DROP_IN, TALK
+from tests.integration.test_logs import DROP_IN, TALK, journal_count
 
 pytestmark = pytest.mark.integration
 
@@ -58,3 +58,50 @@ def test_lines_journald_did_not_keep_are_counted_in_report_and_record(lossy_job:
     ]
     status = job.box.run([GPULAUNCH, "status", job.id], capture_output=True, text=True)
     assert "journald did not keep 50 of rank 0's 51 lines" in status.stdout, status
+
+
+USAGE = "MESSAGE_ID=ec387f577b844b8fa948f33cad9a75e6"  # journald: "... is 8.0M, max 1.1G, ..."
+
+
+def journald_burst(job: Job) -> int:
+    """The burst journald applies now to a unit and priority, from journald's own account of
+    its storage (its last usage message: where it stores, MAX_USE=, DISK_KEEP_FREE=) and the
+    storage's free space and journal files now, through journald-rate-limit.c's
+    burst_modulate (written out here again: the test's oracle is journald's code, not
+    gpulaunch's); the box's journald.conf sets no burst: 10,000."""
+    out = job.box.run(
+        ["journalctl", "-q", "-b", "-o", "json", "-n", "1", USAGE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    usage = json.loads(out)
+    path = usage["JOURNAL_PATH"]
+    script = (
+        "import os,sys; p=sys.argv[1]; s=os.statvfs(p); print(s.f_bsize*s.f_bavail, sum("
+        "e.stat().st_blocks*512 for e in os.scandir(p) if e.name.endswith(('.journal',"
+        "'.journal~'))))"
+    )
+    stat = job.box.run(["python3", "-c", script, path], capture_output=True, text=True)
+    free, used = map(int, stat.stdout.split())
+    max_use, keep_free = int(usage["MAX_USE"]), int(usage["DISK_KEEP_FREE"])
+    limit = min(max(used + max(free - keep_free, 0), 1 << 20), max_use)
+    k = max(limit - used, 1).bit_length() - 1  # log2u64
+    return 10000 if k <= 20 else 10000 * (k - 16) // 4
+
+
+CHATTY = 20_000  # lines per rank: more than the configured burst, less than the applied one
+
+
+def test_chatty_ranks_keep_what_journald_keeps(job: Job) -> None:
+    """Issue 35 item 2: two ranks printing 20,000 lines each had 10,000 each in the journal
+    (the pump sent the configured burst; journald, on a machine with free space, applies a
+    burst scaled by that space, here 35,000, and kept all 20,000 before the pump existed)."""
+    burst = journald_burst(job)
+    assert burst >= CHATTY, f"the box's journald applies a burst of {burst} only"
+    res = job.run("--nproc", "2", script=TALK, script_args=["--lines", str(CHATTY)], timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "journal" not in res.stderr, res.stderr[-2000:]  # nothing lacks, nothing said
+    job.box.run(["journalctl", "--sync"], check=True)
+    for rank in range(2):
+        assert journal_count(job, job.names.rank_scope(rank)) == CHATTY
