@@ -477,7 +477,8 @@ def journal_drops(
     same id does not count.
     """
     burst = rate_limit_burst()
-    wrote = [(rank, output.lines(rank.rank)) for rank in spec.ranks if output.lines(rank.rank)]
+    # empty lines are not counted: journald never stores them (logs/output.py journal_entries)
+    wrote = [(r, output.journal_lines(r.rank)) for r in spec.ranks if output.journal_lines(r.rank)]
     if not wrote:
         return ()
     journal_sync(spec.manager)

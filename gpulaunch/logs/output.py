@@ -62,10 +62,24 @@ TAIL_LINES = 20  # stderr lines kept per rank for the failure report
 TRACEBACK = b"Traceback (most recent call last):"  # (torch may prefix it: "[rank1]: ")
 
 
+def journal_entries(text: bytes, lines: list[bytes]) -> int:
+    """How many entries journald makes of `lines` (`text` split at newlines).
+
+    journald ends a stream's line at a newline or a NUL and stores no empty one
+    (journald-stream.c stdout_stream_scan, stdout_stream_log: `isempty`): an empty line is
+    not a line the journal lacks, and "a\0b" is two entries. (Lines over its LineMax=,
+    48 KiB, become several entries too: not counted here.) In C unless a NUL is there.
+    """
+    if b"\0" not in text:
+        return len(lines) - lines.count(b"")
+    return sum(len(line.split(b"\0")) - line.split(b"\0").count(b"") for line in lines)
+
+
 @dataclass
 class _LineBuffer:
     partial: bytearray = field(default_factory=bytearray)
     lines: int = 0
+    entries: int = 0  # what journald makes of them: no empty one, one per NUL-ended piece
     tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # clipped
     # A line longer than MAX_LINE is shown in pieces; for the tail, keep its start and
     # the end so far, and count the bytes dropped between them.
@@ -194,6 +208,10 @@ class Output:
         """Lines a rank has written so far, stdout and stderr together."""
         return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
 
+    def journal_lines(self, rank: int) -> int:
+        """The entries journald makes of those lines (`journal_entries`): no empty ones."""
+        return sum(b.entries for (r, _), b in self._buffers.items() if r == rank)
+
     @property
     def log_file_gaps(self) -> tuple[LogFileGap, ...]:
         """The `--log-dir` files that lack some of their rank's lines, and why."""
@@ -247,9 +265,11 @@ class Output:
             del self._bars[(rank, stream)]  # its line ended: shown above, in its final state
         if cut >= 0:
             # Every complete line at once: split and join run in C, not per line in Python.
-            lines = (bytes(buf.partial) + chunk[:cut]).split(b"\n")
+            text = bytes(buf.partial) + chunk[:cut]
+            lines = text.split(b"\n")
             buf.partial = bytearray(chunk[cut + 1 :])
             buf.lines += len(lines)
+            buf.entries += journal_entries(text, lines)
             buf.remember(lines)
             if stream is Stream.STDERR and TRACEBACK in chunk:
                 buf.raised_at = self.last_data_at
@@ -294,6 +314,7 @@ class Output:
         if buf.partial:
             buf.lines += 1
             line = bytes(buf.partial)
+            buf.entries += journal_entries(line, [line])
             buf.partial.clear()
             buf.remember([line])
             self._lines(rank, stream, [line])

@@ -105,3 +105,16 @@ def test_chatty_ranks_keep_what_journald_keeps(job: Job) -> None:
     job.box.run(["journalctl", "--sync"], check=True)
     for rank in range(2):
         assert journal_count(job, job.names.rank_scope(rank)) == CHATTY
+
+
+def test_empty_lines_are_not_lines_the_journal_lacks(job: Job) -> None:
+    """Issue 35: journald stores no empty line of a stream (it keeps one of blanks only); a
+    rank printing some was reported "journald did not keep 1 of rank 0's 6 lines (... its
+    storage was full ...)"."""
+    res = job.run("--nproc", "1", script=TALK, script_args=["--lines", "3", "--blank", "3"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("\n") == 6  # the terminal shows them all
+    assert "journal" not in res.stderr, res.stderr
+    assert "GPULAUNCH_LOG_DROPS" not in job.record()
+    job.box.run(["journalctl", "--sync"], check=True)
+    assert journal_count(job, job.names.rank_scope(0)) == 5  # "", not "  " nor "\t\r"
