@@ -259,6 +259,8 @@ class LogLine:
     stderr: bool
     message: bytes
     cursor: str = ""
+    pid: int = 0  # the writer's (the rank's log pump of one attempt): 0 unknown
+    at: int = 0  # when journald received it (__REALTIME_TIMESTAMP, µs)
 
 
 def parse_entry(raw: bytes) -> LogLine | None:
@@ -277,7 +279,43 @@ def parse_entry(raw: bytes) -> LogLine | None:
         stderr=entry.get("PRIORITY") == "3",
         message=data,
         cursor=str(entry.get("__CURSOR", "")),
+        pid=_number(entry.get("_PID")),
+        at=_number(entry.get("__REALTIME_TIMESTAMP")),
     )
+
+
+def _number(value: object) -> int:
+    return int(value) if isinstance(value, str) and value.isdigit() else 0
+
+
+STARTED = "MESSAGE_ID=39f53479d3a045ac8e11786248231fbf"  # systemd: a unit's start job is done
+
+
+def attempt_starts(manager: Manager, job: str) -> list[int]:
+    """When (µs since the epoch) each of the job's attempts after the first began: the
+    first of its rank scopes' starts (systemd's "Started" entries: each restart starts every
+    rank's scope again, after the attempt before has ended, its lines all stored); [] if
+    journalctl cannot say (the direct supervisor makes no units)."""
+    unit_opt = "--user-unit" if manager is Manager.USER else "--unit"
+    argv = ["journalctl", "--no-pager", "-q", f"{unit_opt}={rank_units_pattern(job, None)}"]
+    argv += ["-o", "json", "--output-fields=UNIT,USER_UNIT", STARTED]
+    try:
+        out = subprocess.run(argv, capture_output=True, check=False, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    per_unit: dict[str, list[int]] = {}
+    for raw in out.splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        unit = entry.get("UNIT") or entry.get("USER_UNIT")
+        at = _number(entry.get("__REALTIME_TIMESTAMP"))
+        if isinstance(unit, str) and at:
+            per_unit.setdefault(unit, []).append(at)
+    starts = [sorted(times) for times in per_unit.values()]
+    deepest = max((len(times) for times in starts), default=0)
+    return [min(times[k] for times in starts if len(times) > k) for k in range(1, deepest)]
 
 
 def parse_entries(stream: Iterator[bytes]) -> Iterator[LogLine]:

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt, final_state
@@ -35,6 +36,15 @@ from gpulaunch.numberlist import parse_number_list
 CHUNK = 65536
 MAX_LINE = 1 << 20  # a longer line without newline is shown in pieces of this size
 BACKLOG_PAUSE = 64 << 20  # stop reading rank pipes above this much unwritten terminal output
+
+
+class LineKeeper(Protocol):
+    """Where a detached job's lines go without journald (logs/spool.py `Spool`)."""
+
+    def lines(self, rank: int, stderr: bool, lines: Iterable[bytes]) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
 
 _COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _CLEAR_LINE = b"\r\x1b[2K"
@@ -139,6 +149,7 @@ class Output:
         self._on_change: Callable[[], None] = lambda: None
         self._last_line: dict[int, float] = {}  # rank -> time.time() of its last complete line
         self.last_data_at = 0.0  # time.monotonic() of the last output of any rank (--hang-timeout)
+        self.spool: LineKeeper | None = None  # a detached job without journald keeps its lines here
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
@@ -274,6 +285,8 @@ class Output:
             if stream is Stream.STDERR and TRACEBACK in chunk:
                 buf.raised_at = self.last_data_at
             self._last_line[rank] = time.time()
+            if self.spool is not None:
+                self.spool.lines(rank, stream is Stream.STDERR, lines)
             self._lines(rank, stream, lines)
         else:
             buf.partial += chunk
@@ -281,6 +294,8 @@ class Output:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
             buf.piece(piece)
+            if self.spool is not None:
+                self.spool.lines(rank, stream is Stream.STDERR, [piece])
             self._lines(rank, stream, [piece])
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
@@ -317,6 +332,8 @@ class Output:
             buf.entries += journal_entries(line, [line])
             buf.partial.clear()
             buf.remember([line])
+            if self.spool is not None:
+                self.spool.lines(rank, stream is Stream.STDERR, [line])
             self._lines(rank, stream, [line])
 
     # -- showing ------------------------------------------------------------
@@ -384,6 +401,8 @@ class Output:
 
     def message(self, text: str) -> None:
         """A line of gpulaunch's own (warnings, the report) on stderr, between rank lines."""
+        if self.spool is not None:
+            self.spool.message(text)
         on_screen = self.stderr.is_tty and bool(self._drawn)
         if on_screen:
             self._erase_bars()
