@@ -227,7 +227,10 @@ def _from_spool(args: argparse.Namespace, printer: _Printer) -> int | None:
     from gpulaunch.jobapi import filerecord
     from gpulaunch.report import format_report
 
-    view = filerecord.wait(args.job)  # its watcher's end (a pidfd), or the record now
+    try:
+        view = filerecord.wait(args.job)  # its watcher's end (a pidfd), or the record now
+    except KeyboardInterrupt:
+        return 130
     rest = spool.read(args.job)
     if rest is not None:
         more = [x for x in rest.lines if x.seq > last]
