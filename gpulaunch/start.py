@@ -252,11 +252,10 @@ def _open_output(view: OutputOptions, detach: bool, spec: JobSpec) -> tuple[Outp
     # detached: nobody watches the terminal; the journal and --log-dir still get everything
     output = Output(replace(view, quiet=view.quiet or detach), spec.world_size)
     problem = journal_reachable()
-    if problem:
-        output.message(
-            f"gpulaunch: warning: journald is not reachable ({problem}); "
-            "rank output goes to the terminal and --log-dir only"
-        )
+    if problem:  # detached: nobody sees the terminal, `gpulaunch logs` reads a spool
+        from gpulaunch.logs.spool import without_journald
+
+        output.message(without_journald(output, problem, spec.job if detach else None))
     return output, problem is None
 
 
@@ -479,7 +478,8 @@ def journal_drops(
     same id does not count.
     """
     burst = rate_limit_burst()
-    wrote = [(rank, output.lines(rank.rank)) for rank in spec.ranks if output.lines(rank.rank)]
+    # empty lines are not counted: journald never stores them (logs/output.py journal_entries)
+    wrote = [(r, output.journal_lines(r.rank)) for r in spec.ranks if output.journal_lines(r.rank)]
     if not wrote:
         return ()
     journal_sync(spec.manager)

@@ -45,6 +45,7 @@ MAX_SIZE = 4 << 20  # a record larger than this is not one of ours
 ROOT_DIR = Path("/run/gpulaunch/jobs")
 WATCHER_KEY = "_GPULAUNCH_WATCHER"  # the watcher's identity (procid.Identity)
 NODE_KEY = "_GPULAUNCH_NODE"
+SPOOL_SUFFIX = ".logs"  # <record name>.logs/: a detached job's output without journald
 
 
 def jobs_dir(env: dict[str, str] | None = None) -> Path:
@@ -139,6 +140,9 @@ def _directory(base: Path | None, create: bool = False) -> Iterator[int]:
         os.close(fd)
 
 
+directory = _directory  # the records' directory, checked (logs/spool.py keeps spools in it)
+
+
 # -- writing -------------------------------------------------------------------
 
 
@@ -178,6 +182,32 @@ def _prune(fd: int) -> None:
     for _, old in sorted(found)[:-KEEP]:
         with contextlib.suppress(OSError):
             os.unlink(old, dir_fd=fd)
+        remove_spool(fd, old.removesuffix(".json") + SPOOL_SUFFIX)
+
+
+def remove_spool(fd: int, name: str) -> None:
+    """Remove a spool of ours (logs/spool.py) in the records' directory `fd`: its files, then
+    itself (a pruned record's spool goes with it); a file or link in its place goes alone."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if st.st_uid != os.geteuid():
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=fd)
+            return
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return
+    try:
+        if os.fstat(sub).st_uid != os.geteuid():
+            return
+        for entry in os.listdir(sub):
+            with contextlib.suppress(OSError):
+                os.unlink(entry, dir_fd=sub)
+    finally:
+        os.close(sub)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=fd)
 
 
 # -- reading -------------------------------------------------------------------

@@ -5,9 +5,10 @@ rank printing in a tight loop; and of a unit's lines it keeps at most `RateLimit
 per `RateLimitIntervalSec=` and priority (stdout and stderr count apart), after parsing
 the rest too. The pump therefore:
 
-- sends a stream at most the burst per interval: the lines journald would keep at least
-  (it raises the burst with the free space of its storage, never lowers it), so that it
-  does not spend a CPU on lines it would throw away while the ranks need it;
+- sends a stream at most the burst per interval that journald applies: the configured
+  burst scaled, as journald scales it, by the space its storage has left (`modulate`,
+  from `JournalSpace.available`, read again at each window), so that journald keeps every
+  line the pump sends and does not spend a CPU on lines it would throw away;
 - holds at most `room` bytes that journald has not taken yet; lines beyond are not sent
   (the rank never waits on journald);
 - drops whole lines only, and counts them: the terminal and `--log-dir` get every line
@@ -15,12 +16,14 @@ the rest too. The pump therefore:
   rank's lines the journal lacks (logs/journal.py counts what it stored).
 
 Imports nothing of gpulaunch (the forked pump runs it); `journal_limit` in
-logs/journal.py reads the limit from journald.conf, in the watcher.
+logs/journal.py reads the limit and the storage's size limits from journald.conf, in the
+watcher.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,12 +34,77 @@ WINDOW_MARGIN = 1.1
 WINDOW_SLACK_S = 1.0
 
 
+PAGE = 4096
+
+
+def page_align(n: int) -> int:
+    """journald's PAGE_ALIGN (sizes of its storage are whole pages)."""
+    return (n + PAGE - 1) // PAGE * PAGE
+
+
+def modulate(burst: int, available: int) -> int:
+    """The burst journald applies, given the bytes its storage may still use.
+
+    journald-rate-limit.c `burst_modulate` (systemd 252): k = log2(available), rounded down;
+    up to 1 MiB (k <= 20) the configured burst, else burst * (k - 16) / 4: x2 at 16 MiB,
+    x3 at 256 MiB, x4 at 4 GiB, x5 at 64 GiB.
+    """
+    k = max(available, 1).bit_length() - 1
+    return burst if k <= 20 else burst * (k - 16) // 4
+
+
+@dataclass(frozen=True)
+class JournalSpace:
+    """Where journald stores entries now and its size limits there (journald.conf(5)).
+
+    `path`: its machine-id directory (/var/log/journal/ID once flushed to persistent
+    storage, else /run/log/journal/ID); the limits as journald fixes them at start
+    (journal-file.c `journal_default_metrics`).
+    """
+
+    path: str
+    max_use: int
+    min_use: int
+    keep_free: int
+
+    def available(self) -> int | None:
+        """Bytes journald may still use, as journald-server.c `cache_space_refresh` has it:
+        the file system's available bytes less `keep_free`, plus its files' blocks, clamped
+        to [min_use, max_use], less its files' blocks. None: the directory is gone."""
+        try:
+            st = os.statvfs(self.path)
+            used = 0
+            with os.scandir(self.path) as entries:
+                for entry in entries:
+                    if entry.name.endswith((".journal", ".journal~")) and entry.is_file(
+                        follow_symlinks=False
+                    ):
+                        used += entry.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            return None
+        free = max(st.f_bsize * st.f_bavail - self.keep_free, 0)
+        limit = min(max(used + free, self.min_use), self.max_use)
+        return max(limit - used, 0)
+
+
 @dataclass(frozen=True)
 class JournalLimit:
-    """journald's rate limit per unit and priority; burst None: no limit."""
+    """journald's rate limit per unit and priority; burst None: no limit.
+
+    `burst` is the configured `RateLimitBurst=`; `space`, where known, is what journald
+    scales it by (`burst_now`).
+    """
 
     burst: int | None = None
     interval_s: float = 30.0
+    space: JournalSpace | None = None
+
+    def burst_now(self) -> int | None:
+        """The burst journald applies now: the configured one scaled by its free space."""
+        if self.burst is None or self.space is None:
+            return self.burst
+        available = self.space.available()
+        return self.burst if available is None else modulate(self.burst, available)
 
 
 class _Partial(enum.Enum):
@@ -84,7 +152,7 @@ class Admission:
             now = self.clock()
             if now >= self.window_end:
                 self.window_end = now + self.limit.interval_s * WINDOW_MARGIN + WINDOW_SLACK_S
-                self.allowed = self.limit.burst
+                self.allowed = self.limit.burst_now() or 0
             take = min(take, self.allowed)
         free = self.room - pending - len(head)
         if len(data) > free:

@@ -22,9 +22,10 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.excerpt import LINE_KEEP, clip_line, excerpt, final_state
@@ -35,6 +36,15 @@ from gpulaunch.numberlist import parse_number_list
 CHUNK = 65536
 MAX_LINE = 1 << 20  # a longer line without newline is shown in pieces of this size
 BACKLOG_PAUSE = 64 << 20  # stop reading rank pipes above this much unwritten terminal output
+
+
+class LineKeeper(Protocol):
+    """Where a detached job's lines go without journald (logs/spool.py `Spool`)."""
+
+    def lines(self, rank: int, stderr: bool, lines: Iterable[bytes]) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
 
 _COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 _CLEAR_LINE = b"\r\x1b[2K"
@@ -62,10 +72,24 @@ TAIL_LINES = 20  # stderr lines kept per rank for the failure report
 TRACEBACK = b"Traceback (most recent call last):"  # (torch may prefix it: "[rank1]: ")
 
 
+def journal_entries(text: bytes, lines: list[bytes]) -> int:
+    """How many entries journald makes of `lines` (`text` split at newlines).
+
+    journald ends a stream's line at a newline or a NUL and stores no empty one
+    (journald-stream.c stdout_stream_scan, stdout_stream_log: `isempty`): an empty line is
+    not a line the journal lacks, and "a\0b" is two entries. (Lines over its LineMax=,
+    48 KiB, become several entries too: not counted here.) In C unless a NUL is there.
+    """
+    if b"\0" not in text:
+        return len(lines) - lines.count(b"")
+    return sum(len(line.split(b"\0")) - line.split(b"\0").count(b"") for line in lines)
+
+
 @dataclass
 class _LineBuffer:
     partial: bytearray = field(default_factory=bytearray)
     lines: int = 0
+    entries: int = 0  # what journald makes of them: no empty one, one per NUL-ended piece
     tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # clipped
     # A line longer than MAX_LINE is shown in pieces; for the tail, keep its start and
     # the end so far, and count the bytes dropped between them.
@@ -125,6 +149,7 @@ class Output:
         self._on_change: Callable[[], None] = lambda: None
         self._last_line: dict[int, float] = {}  # rank -> time.time() of its last complete line
         self.last_data_at = 0.0  # time.monotonic() of the last output of any rank (--hang-timeout)
+        self.spool: LineKeeper | None = None  # a detached job without journald keeps its lines here
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
@@ -194,6 +219,10 @@ class Output:
         """Lines a rank has written so far, stdout and stderr together."""
         return sum(b.lines for (r, _), b in self._buffers.items() if r == rank)
 
+    def journal_lines(self, rank: int) -> int:
+        """The entries journald makes of those lines (`journal_entries`): no empty ones."""
+        return sum(b.entries for (r, _), b in self._buffers.items() if r == rank)
+
     @property
     def log_file_gaps(self) -> tuple[LogFileGap, ...]:
         """The `--log-dir` files that lack some of their rank's lines, and why."""
@@ -247,13 +276,17 @@ class Output:
             del self._bars[(rank, stream)]  # its line ended: shown above, in its final state
         if cut >= 0:
             # Every complete line at once: split and join run in C, not per line in Python.
-            lines = (bytes(buf.partial) + chunk[:cut]).split(b"\n")
+            text = bytes(buf.partial) + chunk[:cut]
+            lines = text.split(b"\n")
             buf.partial = bytearray(chunk[cut + 1 :])
             buf.lines += len(lines)
+            buf.entries += journal_entries(text, lines)
             buf.remember(lines)
             if stream is Stream.STDERR and TRACEBACK in chunk:
                 buf.raised_at = self.last_data_at
             self._last_line[rank] = time.time()
+            if self.spool is not None:
+                self.spool.lines(rank, stream is Stream.STDERR, lines)
             self._lines(rank, stream, lines)
         else:
             buf.partial += chunk
@@ -261,6 +294,8 @@ class Output:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
             buf.piece(piece)
+            if self.spool is not None:
+                self.spool.lines(rank, stream is Stream.STDERR, [piece])
             self._lines(rank, stream, [piece])
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
@@ -294,8 +329,11 @@ class Output:
         if buf.partial:
             buf.lines += 1
             line = bytes(buf.partial)
+            buf.entries += journal_entries(line, [line])
             buf.partial.clear()
             buf.remember([line])
+            if self.spool is not None:
+                self.spool.lines(rank, stream is Stream.STDERR, [line])
             self._lines(rank, stream, [line])
 
     # -- showing ------------------------------------------------------------
@@ -363,6 +401,8 @@ class Output:
 
     def message(self, text: str) -> None:
         """A line of gpulaunch's own (warnings, the report) on stderr, between rank lines."""
+        if self.spool is not None:
+            self.spool.message(text)
         on_screen = self.stderr.is_tty and bool(self._drawn)
         if on_screen:
             self._erase_bars()

@@ -8,7 +8,6 @@ to a live systemd.
 from __future__ import annotations
 
 import math
-import os
 import re
 import resource
 from collections.abc import Callable, Iterable, Sequence
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulaunch.errors import GpulaunchError
+from gpulaunch.logs.feed import modulate
+from gpulaunch.logs.journal import journal_space as journald_storage
 from gpulaunch.logs.journal import rate_limit_settings
 from gpulaunch.model import Manager
 from gpulaunch.system.cgroupchecks import cgroups, own_cgroups
@@ -208,23 +209,14 @@ def timespan_seconds(text: str) -> float | None:
 
 
 def modulated_burst(burst: int, available: int) -> int:
-    """journald scales the burst with the journal's free space (journald-rate-limit.c)."""
-    k = max(available, 1).bit_length() - 1  # log2
-    return burst if k <= 20 else burst * (k - 16) // 4
+    """journald scales the burst with the journal's free space (logs/feed.py `modulate`)."""
+    return modulate(burst, available)
 
 
 def journal_space(machine: Machine) -> int | None:
-    """Bytes journald may still use, about as journald computes it (journald.conf(5))."""
-    for d in ("/var/log/journal", "/run/log/journal"):
-        try:
-            st = os.statvfs(machine.path(d))
-        except OSError:
-            continue
-        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-        cap = 4 << 30
-        max_use, keep_free = min(size // 10, cap), min(size * 15 // 100, cap)
-        return max(0, min(max_use, free - keep_free))
-    return None
+    """Bytes journald may still use, as journald computes it (logs/journal.py)."""
+    space = journald_storage(machine.root)
+    return None if space is None else space.available()
 
 
 def journald(machine: Machine) -> Iterable[Finding]:

@@ -463,3 +463,33 @@ def record(job: Job) -> dict[str, Any]:
     assert res.returncode == 0, res.stderr
     view: dict[str, Any] = json.loads(res.stdout)
     return view
+
+
+USAGE = "MESSAGE_ID=ec387f577b844b8fa948f33cad9a75e6"  # journald: "... is 8.0M, max 1.1G, ..."
+
+
+def journald_burst(job: Job) -> int:
+    """The burst journald applies now to a unit and priority, from journald's own account of
+    its storage (its last usage message: where it stores, MAX_USE=, DISK_KEEP_FREE=) and the
+    storage's free space and journal files now, through journald-rate-limit.c's
+    burst_modulate (written out here again: the test's oracle is journald's code, not
+    gpulaunch's); the box's journald.conf sets no burst: 10,000."""
+    out = job.box.run(
+        ["journalctl", "-q", "-b", "-o", "json", "-n", "1", USAGE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    usage = json.loads(out)
+    path = usage["JOURNAL_PATH"]
+    script = (
+        "import os,sys; p=sys.argv[1]; s=os.statvfs(p); print(s.f_bsize*s.f_bavail, sum("
+        "e.stat().st_blocks*512 for e in os.scandir(p) if e.name.endswith(('.journal',"
+        "'.journal~'))))"
+    )
+    stat = job.box.run(["python3", "-c", script, path], capture_output=True, text=True)
+    free, used = map(int, stat.stdout.split())
+    max_use, keep_free = int(usage["MAX_USE"]), int(usage["DISK_KEEP_FREE"])
+    limit = min(max(used + max(free - keep_free, 0), 1 << 20), max_use)
+    k = max(limit - used, 1).bit_length() - 1  # log2u64
+    return 10000 if k <= 20 else 10000 * (k - 16) // 4

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job
-from tests.integration.shared import DROP_IN, TALK
+from tests.integration.shared import DROP_IN, TALK, journal_count, journald_burst
 
 pytestmark = pytest.mark.integration
 
@@ -58,3 +58,33 @@ def test_lines_journald_did_not_keep_are_counted_in_report_and_record(lossy_job:
     ]
     status = job.box.run([GPULAUNCH, "status", job.id], capture_output=True, text=True)
     assert "journald did not keep 50 of rank 0's 51 lines" in status.stdout, status
+
+
+CHATTY = 20_000  # lines per rank: more than the configured burst, less than the applied one
+
+
+def test_chatty_ranks_keep_what_journald_keeps(job: Job) -> None:
+    """Issue 35 item 2: two ranks printing 20,000 lines each had 10,000 each in the journal
+    (the pump sent the configured burst; journald, on a machine with free space, applies a
+    burst scaled by that space, here 35,000, and kept all 20,000 before the pump existed)."""
+    burst = journald_burst(job)
+    assert burst >= CHATTY, f"the box's journald applies a burst of {burst} only"
+    res = job.run("--nproc", "2", script=TALK, script_args=["--lines", str(CHATTY)], timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "journal" not in res.stderr, res.stderr[-2000:]  # nothing lacks, nothing said
+    job.box.run(["journalctl", "--sync"], check=True)
+    for rank in range(2):
+        assert journal_count(job, job.names.rank_scope(rank)) == CHATTY
+
+
+def test_empty_lines_are_not_lines_the_journal_lacks(job: Job) -> None:
+    """Issue 35: journald stores no empty line of a stream (it keeps one of blanks only); a
+    rank printing some was reported "journald did not keep 1 of rank 0's 6 lines (... its
+    storage was full ...)"."""
+    res = job.run("--nproc", "1", script=TALK, script_args=["--lines", "3", "--blank", "3"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("\n") == 6  # the terminal shows them all
+    assert "journal" not in res.stderr, res.stderr
+    assert "GPULAUNCH_LOG_DROPS" not in job.record()
+    job.box.run(["journalctl", "--sync"], check=True)
+    assert journal_count(job, job.names.rank_scope(0)) == 5  # "", not "  " nor "\t\r"

@@ -3,10 +3,11 @@ than journald's burst per window or the room left (issue 27, item 1)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from gpulaunch.logs.feed import Admission, JournalLimit
-from gpulaunch.logs.journal import journal_limit
+from gpulaunch.logs.feed import Admission, JournalLimit, JournalSpace, modulate, page_align
+from gpulaunch.logs.journal import journal_limit, journal_space
 
 
 class Clock:
@@ -78,3 +79,62 @@ def test_limit_from_journald_conf(tmp_path: Path) -> None:
     conf.write_text("[Journal]\nRateLimitIntervalSec=0\n")
     assert journal_limit(tmp_path) == JournalLimit(None)
     journal_limit.cache_clear()
+
+
+def test_journald_scales_the_burst_by_log2_of_its_free_space() -> None:
+    """journald-rate-limit.c burst_modulate: x1 up to 1 MiB, then burst * (log2 - 16) / 4."""
+    table = [(0, 1), ((1 << 21) - 1, 1), (16 << 20, 2), (256 << 20, 3), (4 << 30, 4)]
+    table += [((1 << 30) + 5, 3.5), (64 << 30, 5), (1 << 40, 6)]
+    for available, factor in table:
+        assert modulate(10000, available) == int(10000 * factor), available
+
+
+def test_the_pump_sends_the_burst_journald_applies_not_the_configured_one(tmp_path: Path) -> None:
+    """Issue 35 item 2: the pump sent 10,000 lines a window where journald kept 35,000."""
+    # keep_free beyond the file system: the storage may use min_use = max_use, 256 MiB
+    space = JournalSpace(str(tmp_path), 256 << 20, 256 << 20, 1 << 62)
+    assert space.available() == 256 << 20
+    clock = Clock()
+    gate = Admission(JournalLimit(5, 30.0, space), room=1 << 20, clock=clock)
+    assert gate.admit(lines(0, 20), 0) == lines(0, 15)  # 5 x 3
+    assert gate.held_back == 5
+    # journald's files count as used: 129 MiB of them leave it 127 MiB, log2 26: x2.5
+    with (tmp_path / "system.journal").open("wb") as f:
+        f.write(b"\1" * (129 << 20))
+    assert space.available() == 127 << 20
+    clock.now += 40.0
+    assert gate.admit(lines(20, 20), 0) == lines(20, 12)  # 5 * 10 // 4
+
+
+def test_journal_space_follows_journald_storage_and_metrics(tmp_path: Path) -> None:
+    """Where journald stores (determine_space) and its default limits (journal_default_metrics),
+    against what journald itself reported in the box (AVAILABLE=1255411712 of a 12637986816-byte
+    tmpfs: max_use 10 %, keep_free 5 %)."""
+    assert journal_space(tmp_path) is None  # no machine id
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/machine-id").write_text("abc\n")
+    runtime = tmp_path / "run/log/journal/abc"
+    runtime.mkdir(parents=True)
+    system = tmp_path / "var/log/journal/abc"
+    system.mkdir(parents=True)
+    st = os.statvfs(tmp_path)
+    size = st.f_frsize * st.f_blocks
+    space = journal_space(tmp_path)
+    assert space is not None and space.path == str(runtime)  # not flushed to /var yet
+    assert space.max_use == min(max(page_align(size // 10), 1 << 20), 4 << 30)
+    assert space.keep_free == min(page_align(size // 20), 4 << 30)
+    (tmp_path / "run/systemd/journal").mkdir(parents=True)
+    (tmp_path / "run/systemd/journal/flushed").touch()
+    space = journal_space(tmp_path)
+    assert space is not None and space.path == str(system)
+    conf = tmp_path / "etc/systemd/journald.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("[Journal]\nStorage=volatile\nRuntimeMaxUse=64M\nRuntimeKeepFree=1K\n")
+    space = journal_space(tmp_path)
+    assert space is not None and space.path == str(runtime)
+    assert (space.max_use, space.keep_free) == (64 << 20, 1024)
+    conf.write_text("[Journal]\nStorage=none\n")
+    assert journal_space(tmp_path) is None
+    box = 12637986816  # the box's tmpfs: journald said max 1263800320, keep free 631902208
+    assert (page_align(box // 10), page_align(box // 20)) == (1263800320, 631902208)
+    assert modulate(10000, 1255411712) == 35000

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.logs.output import Output, OutputOptions, Stream, parse_ranks
+from gpulaunch.logs.output import Output, OutputOptions, Stream, journal_entries, parse_ranks
 from gpulaunch.logs.terminal import Terminal
 from gpulaunch.logs.width import rank_columns
 from tests.unit.fakes import make
@@ -240,3 +240,21 @@ def test_the_users_columns_off_a_terminal() -> None:
     assert rank_columns({}, (out.fd, err.fd), 4) == {}  # files: no terminal
     assert rank_columns({"COLUMNS": "80"}, (out.fd, err.fd), 4) == {"COLUMNS": "76"}
     assert rank_columns({"COLUMNS": "80"}, (), 1000) == {"COLUMNS": "74"}  # "[999] "
+
+
+def test_journal_entries_leave_out_empty_lines_and_split_at_nul() -> None:
+    """What journald 252 made of a stream in the box (issue 35): "a", "", "  ", "\t\r",
+    "b\0c", "\0" gave the entries a, "  ", "\t\r", b, c."""
+    text = b"a\n\n  \n\t\r\nb\x00c\n\x00"
+    assert journal_entries(text, text.split(b"\n")) == 5
+    assert journal_entries(b"a\n\nb", [b"a", b"", b"b"]) == 2
+
+
+def test_journal_lines_leave_out_the_empty_ones_across_chunks() -> None:
+    o, out, _ = make()
+    o.data(0, Stream.STDOUT, b"a\n\n")
+    o.data(0, Stream.STDOUT, b"  ")  # blanks are stored
+    o.data(0, Stream.STDOUT, b"\t\nb\n\n")
+    o.data(0, Stream.STDERR, b"x\x00")
+    o.eof(0, Stream.STDERR)
+    assert o.lines(0) == 6 and o.journal_lines(0) == 4

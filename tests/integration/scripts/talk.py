@@ -13,6 +13,7 @@ def main() -> None:
     p.add_argument("--dir", help="unused (the test helpers pass it to every script)")
     p.add_argument("--lines", type=int, default=3, help="numbered stdout lines")
     p.add_argument("--stderr", type=int, default=0, help="numbered stderr lines")
+    p.add_argument("--blank", type=int, default=0, help="stdout lines of blanks only, or empty")
     p.add_argument("--long", type=int, default=0, help="one stdout line of this many bytes")
     p.add_argument("--no-newline", action="store_true", help="end stdout without a newline")
     p.add_argument("--progress", type=int, default=0, help="rank 0: a tqdm-like bar of N steps")
@@ -24,6 +25,8 @@ def main() -> None:
     out = sys.stdout.buffer
     for i in range(args.lines):
         out.write(b"rank %d line %d\n" % (rank, i))
+    for i in range(args.blank):
+        out.write((b"", b"  ", b"\t\r")[i % 3] + b"\n")
     for i in range(args.stderr):
         sys.stderr.buffer.write(b"rank %d err %d\n" % (rank, i))
     if args.long:
