@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import Job
-from tests.integration.test_frontend import Login, assert_user_clean, make_user
-from tests.integration.test_logs import TALK
+from tests.integration.shared import TALK, Login, assert_user_clean, make_user
 
 pytestmark = pytest.mark.integration
 

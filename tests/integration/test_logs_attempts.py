@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, Job
-from tests.integration.test_logs import TALK
+from tests.integration.shared import TALK
 
 pytestmark = pytest.mark.integration
 
