@@ -5,7 +5,7 @@
 # default) adds the test extra (pytest, ruff, mypy, Lightning, ...) and Debian's
 # Slurm (slurmd, slurmctld, slurm-client, munge) for the Slurm tests.
 #
-#   bash scripts/setup.sh demo   # gpulaunch + torch: about 200 MB to download, 1 GB installed
+#   bash scripts/setup.sh demo   # gpulaunch + torch + numpy: about 220 MB to download, 1 GB installed
 #   bash scripts/setup.sh [test] # the above + the test extra: about 270 MB, 1.2 GB installed
 #
 # A torch 2.13.0 that .venv or $PYTHON already has is used as it is (nothing is
@@ -88,7 +88,8 @@ fi
 if [ "$WHAT" = test ]; then
     "${PIP[@]}" -e '.[test]' # its torch==2.13.0 is the one above
 else
-    "${PIP[@]}" -e .
+    # numpy (about 17 MB): torch warns "Failed to initialize NumPy" in every rank without it.
+    "${PIP[@]}" -e . numpy
 fi
 
 # The system side, from the package itself: gpulaunch's D-Bus policy, so that the
