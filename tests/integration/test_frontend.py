@@ -107,7 +107,7 @@ def assert_user_clean(login: Login, job: Job) -> None:
     wait_until(
         lambda: prefix not in login.user_units(), 10, f"units of {job.id}: {login.user_units()}"
     )
-    assert job.alive() == []
+    wait_until(lambda: job.alive() == [], 5, "every recorded process gone, zombies too")
 
 
 def test_start_from_a_login_shell(login: Login, ujob: Job) -> None:
