@@ -327,6 +327,7 @@ class ProcessGroupSupervisor(_Direct):
         self._pumps: set[int] = set()  # the log pumps: they end when the ranks' output does
         self._peer: set[int] = set()  # the watcher's peer (several nodes): not the ranks'
         self._pidfds: dict[int, int] = {}  # pid -> pidfd, for the processes being stopped
+        self._adopting = False  # from create() on: an orphan can be adopted, our peer is known
 
     @property
     def where(self) -> str:
@@ -354,6 +355,7 @@ class ProcessGroupSupervisor(_Direct):
 
     async def create(self, watcher_pids: Sequence[int]) -> None:
         self._peer.update(p for p in watcher_pids if p != os.getpid())
+        self._adopting = True
 
     async def renew_gang(self, units: JobUnits | None = None) -> None:
         self._gang_renewed()
@@ -448,7 +450,7 @@ class ProcessGroupSupervisor(_Direct):
     def _on_child(self, signum: int, frame: object) -> None:
         """SIGCHLD's handler: the reaping is the loop's (never in a handler)."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if self._adopting and loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # closed meanwhile
                 loop.call_soon_threadsafe(lambda: reap_orphans(self._ours))
 
