@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Install what gpulaunch's demo or tests need on a Debian/Ubuntu machine, as root:
 # system packages (pystemd builds against libsystemd), a virtual environment in
-# .venv with gpulaunch (editable) and torch 2.13.0's CPU build; `test` (the
-# default) adds the test extra (pytest, ruff, mypy, Lightning, ...) and Debian's
-# Slurm (slurmd, slurmctld, slurm-client, munge) for the Slurm tests.
+# .venv with gpulaunch (editable) and torch 2.13.0's CPU build; `unit` adds the
+# test extra (pytest, ruff, mypy, Lightning, ...), enough for tests/unit; `test`
+# (the default, what scripts/test.sh and CI run) adds to that Debian's Slurm
+# (slurmd, slurmctld, slurm-client, munge) for the Slurm tests, qemu and
+# debootstrap for the VM lab, dpkg-dev and debhelper for the .deb, strace.
+# `demo` and `test` end with `gpulaunch setup`, which writes gpulaunch's D-Bus
+# policy, gpulaunch.slice and its tmpfiles.d entry into this machine's /etc.
 #
-#   bash scripts/setup.sh demo   # gpulaunch + torch: about 200 MB to download, 1 GB installed
-#   bash scripts/setup.sh [test] # the above + the test extra: about 270 MB, 1.2 GB installed
+#   bash scripts/setup.sh demo   # gpulaunch + torch + numpy: about 220 MB to download, 1 GB installed
+#   bash scripts/setup.sh unit   # gpulaunch + torch + the test extra: about 270 MB, 1.2 GB installed
+#   bash scripts/setup.sh [test] # the above + Slurm, qemu, debootstrap, ... (about 70 MB more)
 #
 # A torch 2.13.0 that .venv or $PYTHON already has is used as it is (nothing is
 # downloaded for it). Otherwise torch comes from PyTorch's CPU index
@@ -17,9 +22,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-test}
 case "$WHAT" in
-demo | test) ;;
+demo | unit | test) ;;
 *)
-    echo "setup: unknown target '$WHAT'; use demo or test" >&2
+    echo "setup: unknown target '$WHAT'; use demo, unit or test" >&2
     exit 2
     ;;
 esac
@@ -85,11 +90,13 @@ else
     echo "setup: installing torch $TORCH (CPU build, about 190 MB) from ${index:-your pip index}" >&2
     "${PIP[@]}" ${index:+--index-url "$index"} "torch==$TORCH"
 fi
-if [ "$WHAT" = test ]; then
-    "${PIP[@]}" -e '.[test]' # its torch==2.13.0 is the one above
+if [ "$WHAT" = demo ]; then
+    # numpy (about 17 MB): torch warns "Failed to initialize NumPy" in every rank without it.
+    "${PIP[@]}" -e . numpy
 else
-    "${PIP[@]}" -e .
+    "${PIP[@]}" -e '.[test]' # its torch==2.13.0 is the one above
 fi
+[ "$WHAT" != unit ] || exit 0 # the unit tests need nothing in /etc
 
 # The system side, from the package itself: gpulaunch's D-Bus policy, so that the
 # watcher of a system job (root) may own io.gpulaunch.job.* and anyone may read

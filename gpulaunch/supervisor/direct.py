@@ -56,7 +56,13 @@ from gpulaunch.model import JobSpec
 from gpulaunch.supervisor import Capabilities, SupervisorEvents, Watch
 from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.keeper import KeeperLink, remove_tree
-from gpulaunch.supervisor.pgroups import Proc, descendants, reap_adopted, signal_all
+from gpulaunch.supervisor.pgroups import (
+    Proc,
+    descendants,
+    reap_adopted,
+    reap_orphans,
+    signal_all,
+)
 from gpulaunch.supervisor.restartcheck import RestartCheck
 from gpulaunch.units.definitions import JobUnits
 
@@ -312,6 +318,7 @@ class ProcessGroupSupervisor(_Direct):
         self._pumps: set[int] = set()  # the log pumps: they end when the ranks' output does
         self._peer: set[int] = set()  # the watcher's peer (several nodes): not the ranks'
         self._pidfds: dict[int, int] = {}  # pid -> pidfd, for the processes being stopped
+        self._adopting = False  # from create() on: an orphan can be adopted, our peer is known
 
     @property
     def where(self) -> str:
@@ -329,6 +336,8 @@ class ProcessGroupSupervisor(_Direct):
         self._attach(loop, events)
         self._watch = watch
         become_subreaper()
+        # What we adopt and what then exits is our zombie until we reap it: on SIGCHLD.
+        signal.signal(signal.SIGCHLD, self._on_child)
         if self.spec.memory_max or self.spec.job_memory_max or any(r.cpus for r in self.spec.ranks):
             self.warn(
                 "--memory-max/--job-memory-max/--cpus-per-rank/--cpu-bind are not enforced: "
@@ -337,6 +346,7 @@ class ProcessGroupSupervisor(_Direct):
 
     async def create(self, watcher_pids: Sequence[int]) -> None:
         self._peer.update(p for p in watcher_pids if p != os.getpid())
+        self._adopting = True
 
     async def renew_gang(self, units: JobUnits | None = None) -> None:
         self._gang_renewed()
@@ -415,6 +425,13 @@ class ProcessGroupSupervisor(_Direct):
 
         return on_exit
 
+    def _on_child(self, signum: int, frame: object) -> None:
+        """SIGCHLD's handler: the reaping is the loop's (never in a handler)."""
+        loop = self._loop
+        if self._adopting and loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(lambda: reap_orphans(self._ours))
+
     def _close_pidfds(self) -> None:
         for fd in self._pidfds.values():
             if self._loop is not None and not self._loop.is_closed():
@@ -423,6 +440,7 @@ class ProcessGroupSupervisor(_Direct):
         self._pidfds.clear()
 
     def close(self) -> None:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self._close_pidfds()
         live = self._targets(with_pumps=True)
         if live:  # an error path: nothing of a rank outlives the job

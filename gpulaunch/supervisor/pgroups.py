@@ -87,3 +87,18 @@ def reap_adopted(procs: Iterable[Proc], ours: Collection[int]) -> None:
         if proc.ppid == me and proc.pid not in ours:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(proc.pid, os.WNOHANG)
+
+
+def reap_orphans(ours: Collection[int]) -> None:
+    """Collect every adopted orphan that ended while the job runs (a subreaper must wait(2)
+    for what it adopts, prctl(2), or each stays a zombie until the watcher exits).
+
+    Not the watcher's own children (`ours`), nor what it ran itself (a `subprocess`
+    child, in the watcher's own process group, which that call waits for): a rank
+    and what it starts are in a rank's group or a session of their own.
+    """
+    me, group = os.getpid(), os.getpgid(0)
+    for proc in processes():
+        if proc.ppid == me and proc.zombie and proc.pid not in ours and proc.pgid != group:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(proc.pid, os.WNOHANG)

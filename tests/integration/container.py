@@ -75,9 +75,10 @@ def container(read_only: bool = False) -> Iterator[Container]:
 
 
 def alive_script(pid_dir: Path) -> str:
-    """sh: print `ALIVE <name>` for each recorded process still running (zombies are gone)."""
+    """sh: print `ALIVE <name> <state>` for each recorded process that still exists; a zombie
+    (state Z: ended, never reaped) is left behind too."""
     return (
         f'for f in {pid_dir}/*.pid; do p=$(cat "$f"); '
-        's=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) && [ "$s" != Z ] && echo "ALIVE $f"; '
+        's=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) && echo "ALIVE $f $s"; '
         "done; true"
     )

@@ -24,6 +24,9 @@ RANK_SCRIPT = str(REPO / "tests" / "integration" / "scripts" / "rank.py")
 # one per test session; conftest.py removes it at the end of the session.
 SHARED_ROOT = REPO / ".it-tmp"
 SHARED = SHARED_ROOT / f"session-{os.getpid()}"
+# sh: print `$p STATE` (/proc/PID/stat's third field) if process $p exists in any state,
+# a zombie (Z) included: "no zombies" is promised, so a zombie counts as left behind.
+STATE_OF_P = 's=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) && echo "$p $s"'
 
 
 @dataclass
@@ -110,15 +113,19 @@ class Job:
         return {p.stem: int(p.read_text()) for p in self.dir.glob("*.pid") if p.read_text()}
 
     def alive(self) -> list[str]:
-        """Names of recorded processes that still exist (zombies count as gone) in the box."""
+        """Names of recorded processes that still exist in the box; a zombie (state Z: ended
+        but never reaped) is left behind too, named `NAME (zombie)`."""
         pids = self.pids()
         if not pids:
             return []
-        live_check = 's=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) && [ "$s" != Z ] && echo $p'
-        script = f"for p in {' '.join(map(str, pids.values()))}; do {live_check}; done; true"
+        script = f"for p in {' '.join(map(str, pids.values()))}; do {STATE_OF_P}; done; true"
         out = self.box.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
-        live = {int(x) for x in out.split()}
-        return [name for name, pid in pids.items() if pid in live]
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        return [
+            name + (" (zombie)" if states[str(pid)] == "Z" else "")
+            for name, pid in pids.items()
+            if str(pid) in states
+        ]
 
     def wait_file(self, name: str, timeout: float = 60) -> None:
         wait_until(lambda: (self.dir / name).exists(), timeout, f"{name} in {self.dir}")
@@ -166,7 +173,9 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
 def assert_clean(job: Job) -> None:
     """Nothing of the job is left: no unit in any state, no recorded process."""
     wait_until(lambda: not job.units(), 5, f"units of {job.id} to go away: {job.units()}")
-    assert job.alive() == []
+    # A scope is gone once its cgroup is empty; an orphan that was in it may stay a zombie
+    # until its new parent (the manager, a subreaper) reaps it, a moment later: never longer.
+    wait_until(lambda: job.alive() == [], 5, "every recorded process gone, zombies too")
     failed = job.box.run(
         ["systemctl", "list-units", "--failed", "--plain", "--no-legend"],
         capture_output=True,

@@ -121,6 +121,39 @@ def test_sigterm_stops_every_rank(mode: str, ct: Container, work: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
+def test_no_zombie_is_left(mode: str, ct: Container, work: Path) -> None:
+    """README: "no orphans, no zombies". Each rank forks a child that it never reaps and a
+    double-forked orphan that exits once adopted (by the watcher or the keeper, both
+    subreapers): the orphan is reaped while the job runs, not kept as a zombie until it
+    ends; after the job (SIGTERM, then a job whose ranks end by themselves) no process of
+    it is left, zombies included."""
+    _, ro = MODES[mode]
+    cmd = start(work, ro, "zombies", "--sleep", "300", "--zombie", "--orphan")
+    orphans = f"$(cat {work}/rank0-orphan.pid) $(cat {work}/rank1-orphan.pid)"
+    kept = (  # an orphan still there (in any state) 10 s after it exited
+        f"for o in {orphans}; do i=0; "
+        'while s=$(cut -d" " -f3 /proc/$o/stat 2>/dev/null) && [ $i -lt 200 ]; do '
+        "sleep 0.05; i=$((i+1)); done; "
+        '[ -z "$s" ] || echo "KEPT $o $s"; done'
+    )
+    again = start(work, ro, "zombies2", "--sleep", "0", "--zombie", "--orphan")
+    res = ct.run(
+        checked(
+            work,
+            f"{cmd} & w=$!; {ready(work)}; {kept}; kill -TERM $w; wait $w; rc=$?; "
+            f"{alive_script(work)}; {again}; echo again=$?",
+        )
+    )
+    expect_line(res.stdout, ro)
+    assert res.returncode == 128 + signal.SIGTERM, res.stdout
+    assert "KEPT" not in res.stdout, res.stdout
+    assert "ALIVE" not in res.stdout, res.stdout
+    assert "again=0" in res.stdout, res.stdout
+    assert {"rank0-zombie", "rank1-orphan"} <= {p.stem for p in work.glob("*.pid")}
+    assert ct.leftovers() == []
+
+
+@pytest.mark.parametrize("mode", ["shell-cgroup", "shell-pgroup"])
 def test_watcher_sigkill_kills_the_ranks(mode: str, ct: Container, work: Path) -> None:
     """SIGKILL of the pid the shell knows (the keeper): the watcher gets SIGTERM
     (PR_SET_PDEATHSIG) and stops every rank and what it started."""

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.jobs import REPO, Job, assert_clean, wait_until
+from sdbox.box import Box
+from tests.integration.conftest import box_files
+from tests.integration.jobs import REPO, Job, assert_clean, new_job, wait_until
 from tests.integration.shared import box_user, gl, record, slice_dir
 
 __all__ = ["box_user"]  # a fixture (shared.py)
@@ -244,3 +246,38 @@ def test_a_user_job_with_its_front_end_ends_cleanly_when_the_session_bus_restart
     assert "Traceback" not in err and "internal error" not in err, err
     assert user_record(job, as_user)["status"] == 143
     wait_until(lambda: not job.alive(), 10, "the ranks to be gone")
+
+
+# /run with no inode left (issue 35: a local user filled it with empty files), then as it was.
+NO_INODE_LEFT = """
+total=$(df --output=itotal /run | tail -1); used=$(df --output=iused /run | tail -1)
+mount -o remount,nr_inodes=$((used + 40)) /run
+mkdir /run/fill; i=0; while touch /run/fill/$i 2>/dev/null; do i=$((i+1)); done
+"$@" 2>&1; echo rc=$?
+rm -rf /run/fill; mount -o remount,nr_inodes=$total /run
+"""
+
+
+def test_systemd_that_cannot_create_a_unit_is_71_in_one_line() -> None:
+    """gpulaunch/errors.py: 71, systemd refused or failed an operation. /run has no inode
+    left, so systemd cannot write the transient unit file of the job's first unit: one line
+    that names it, exit 71, nothing of the job left. In a box of its own (its /run is made
+    full for the time of one start), never the session's, never the host's."""
+    with Box(binds=[REPO], files=box_files()) as box:
+        job = new_job(box, "no-inode")
+        argv = job.argv("--nproc", "2", script_args=["--sleep", "0"])
+        res = box.run(
+            ["sh", "-c", NO_INODE_LEFT, "sh", *argv],
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        out = res.stdout + res.stderr
+        assert "rc=71" in out, out
+        errors = [line for line in out.splitlines() if line.startswith("gpulaunch: error: ")]
+        assert len(errors) == 1, out
+        assert f"systemd could not create {job.names.anchor_service}" in errors[0], out
+        assert "Traceback" not in out
+        assert not job.pids(), out  # no rank ran
+        assert_clean(job)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,7 +17,7 @@ import time
 import pytest
 
 from sdbox.box import BoxError
-from tests.integration.jobs import GPULAUNCH, Job, assert_clean, new_job
+from tests.integration.jobs import GPULAUNCH, Job, assert_clean, new_job, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -101,4 +102,44 @@ def test_leftover_holding_the_output_does_not_delay_a_success(job: Job) -> None:
     assert res.returncode == 0, res.stderr
     assert took < grace / 2, f"{took:.1f}s for a 0.2s job"  # about a second, on a loaded machine
     assert {"rank0-daemon", "rank1-daemon"} <= set(job.pids())
+    assert_clean(job)
+
+
+def test_sighup_stops_a_running_job_with_129(job: Job) -> None:
+    """README's exit-status table: SIGHUP (the terminal went away) stops the ranks as SIGTERM
+    does and the job's status is 129, told in the report and the record."""
+    proc = running(job)
+    os.kill(job.box.inner_pid(proc), signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 129, err
+    assert f"job {job.id} stopped by SIGHUP (status 129)" in err, err
+    entry = job.record()
+    assert (entry["GPULAUNCH_CAUSE"], entry["GPULAUNCH_STATUS"]) == ("interrupted", "129")
+    assert all(r["stopped_by_watcher"] for r in json.loads(entry["GPULAUNCH_RANKS"]))
+    assert_clean(job)
+
+
+def test_a_second_signal_kills_at_once(job: Job) -> None:
+    """README: "ranks get SIGTERM, then SIGKILL after --grace; a second signal kills them at
+    once". Ranks that ignore SIGTERM and a grace of 300 s: after the first SIGTERM their
+    scopes are stopping (and stay so); a second SIGTERM ends them by SIGKILL well within the
+    grace, and the status is still the first signal's."""
+    proc = job.popen(
+        "--nproc", "2", "--grace", "300", script_args=["--sleep", "300", "--ignore-term"]
+    )
+    for rank in (0, 1):
+        job.wait_file(f"rank{rank}.ready")
+    scopes = [job.names.rank_scope(r) for r in (0, 1)]
+    os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+    wait_until(
+        lambda: all(job.show(s, "ActiveState") == ["deactivating"] for s in scopes),
+        60,
+        "the ranks' scopes to be stopping (the first signal heard)",
+    )
+    assert proc.poll() is None and job.alive() != []  # the grace holds: SIGTERM is ignored
+    os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)  # far less than the grace
+    assert proc.returncode == 143, err
+    assert f"job {job.id} stopped by SIGTERM (status 143)" in err, err
+    assert len(re.findall(r" SIGKILL +stopped ", err)) == 2, err
     assert_clean(job)

@@ -89,3 +89,25 @@ def test_signal_of_an_ended_job_says_it_ended(job: Job) -> None:
     assert sig.returncode == 3, sig.stderr
     assert f"job {job.id!r} is not running: it ended" in sig.stderr, sig.stderr
     assert "no record" not in sig.stderr
+
+
+def test_no_zombie_of_the_job_is_left(job: Job) -> None:
+    """README: "no orphans, no zombies". Each rank forks a child that it never reaps and a
+    double-forked orphan that exits once adopted: while the job runs the first is the
+    rank's own zombie (the helper sees it: a zombie counts as left behind), the orphan is
+    reaped by whoever adopted it; after a SIGTERM, no process of the job, zombie or not."""
+    proc = job.popen("--nproc", "2", script_args=["--sleep", "300", "--zombie", "--orphan"])
+    for rank in (0, 1):
+        job.wait_file(f"rank{rank}.ready")
+    assert {"rank0-zombie (zombie)", "rank1-zombie (zombie)"} <= set(job.alive())
+    wait_until(
+        lambda: not [n for n in job.alive() if "orphan" in n], 10, f"orphans reaped: {job.alive()}"
+    )
+    os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert {"rank0-zombie", "rank1-orphan"} <= {p.stem for p in job.dir.glob("*.pid")}
+    assert_clean(job)
+    res = job.run("--nproc", "2", script_args=["--sleep", "0", "--zombie", "--orphan"])
+    assert res.returncode == 0, res.stderr  # the ranks end by themselves, zombies unreaped
+    assert_clean(job)

@@ -42,10 +42,17 @@ from tests.integration.shared import finish_nodes as finish
 pytestmark = pytest.mark.integration
 __all__ = ["mjob", "nodes"]  # fixtures
 
-# A failure on one node must reach the ranks of every other node long before any collective
-# timeout. The bound is generous for a loaded 2-CPU machine; the tests print what they
-# measured, and bench/ (scenario 7) measures it against torchrun.
-STOP_BOUND = 20.0
+# What README ("Several nodes") and docs/multinode.md ("When something fails") promise: the
+# other nodes' ranks are stopped under a second after a rank fails or a node's watcher
+# dies ("milliseconds"), within 6 s after a node vanishes (its heartbeat: timeout 5 s,
+# checked every 1 s), within 31 s after the node serving the store falls silent.
+# LOAD_MARGIN on top of each: what a loaded 2-CPU machine may add before a woken process
+# runs. Measured here (3 runs, load average 2-10, 2026-12-02): rank failure 0.05-0.19 s,
+# watcher killed 0.03-0.07 s, node vanished 4.9-5.5 s. The tests print what they measure;
+# bench/ (scenario 7) measures it against torchrun.
+AT_ONCE_S = 1.0
+VANISHED_S = 6.0
+LOAD_MARGIN = 2.0
 
 
 NODES_LINE = "nodes: 0 127.0.0.1 ranks 0-1, 1 127.0.0.2 ranks 2-3, 2 127.0.0.3 ranks 4-5"
@@ -87,7 +94,7 @@ def test_rank_failure_on_node_1_stops_every_node(mjob: MultiJob) -> None:
     assert all(t is not None for t in terms.values()), terms
     latency = max(t for t in terms.values() if t is not None) - failed
     print(f"rank 3 failed -> last rank of nodes 0 and 2 got SIGTERM: {latency:.3f} s")
-    assert latency < STOP_BOUND
+    assert latency < AT_ONCE_S + LOAD_MARGIN
     for e in ended:
         assert e.returncode == 1, e.stderr
         assert mjob.leftovers(e.node) == []
@@ -116,7 +123,7 @@ def test_killed_watcher_stops_the_other_nodes(mjob: MultiJob, killed: int) -> No
     assert all(t is not None for t in terms), terms
     latency = max(t for t in terms if t is not None) - t0
     print(f"node {killed}'s watcher SIGKILLed -> other nodes' ranks got SIGTERM: {latency:.3f} s")
-    assert latency < STOP_BOUND
+    assert latency < AT_ONCE_S + LOAD_MARGIN
     for n in survivors:
         e = ended[n]
         assert e.returncode == NODE_LOST_STATUS, e.stderr
@@ -139,9 +146,9 @@ def test_vanished_node_is_found_by_its_missing_heartbeat(mjob: MultiJob) -> None
     terms = [mjob.stamp(r, "term") for r in node_ranks(0) + node_ranks(1)]
     assert all(t is not None for t in terms), terms
     latency = max(t for t in terms if t is not None) - t0
-    bound = HEARTBEAT_TIMEOUT + HEARTBEAT_INTERVAL
-    print(f"node 2 vanished -> other nodes' ranks got SIGTERM: {latency:.3f} s (bound {bound} s)")
-    assert 0 < latency < bound + STOP_BOUND  # + the time to stop the ranks
+    assert HEARTBEAT_TIMEOUT + HEARTBEAT_INTERVAL == VANISHED_S  # the promise's figure
+    print(f"node 2 vanished -> other nodes' ranks got SIGTERM: {latency:.3f} s (<{VANISHED_S} s)")
+    assert 0 < latency < VANISHED_S + LOAD_MARGIN
     for e in ended[:2]:
         assert e.returncode == NODE_LOST_STATUS, e.stderr
         assert re.search(r"stopped: node 2 \(127.0.0.3\): lost: no heartbeat for \d", e.stderr)
@@ -168,7 +175,8 @@ def test_a_store_that_falls_silent_is_its_node_lost_not_a_hang(mjob: MultiJob) -
     latency = max(t for t in terms if t is not None) - t0
     bound = STORE_SILENT_TIMEOUTS * HEARTBEAT_TIMEOUT + HEARTBEAT_INTERVAL
     print(f"node 0's store silent -> the others' ranks got SIGTERM: {latency:.3f} s (<{bound} s)")
-    assert 0 < latency < bound + STOP_BOUND
+    assert bound == 31  # docs/multinode.md's figure
+    assert 0 < latency < bound + LOAD_MARGIN
     for e in ended:
         assert e.returncode == NODE_LOST_STATUS, e.stderr
         assert "stopped: node 0 (127.0.0.1): the job's store at 127.0.0.1:" in e.stderr, e.stderr

@@ -7,7 +7,9 @@ torch's rendezvous.
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
 import re
 import signal
 import socket
@@ -59,6 +61,18 @@ def start_c10d(job: MultiJob, nodes: int, opts: list[str], args: list[str]) -> l
         argv = job.argv(n, opts, args)
         procs.append(box.popen(argv, cwd=str(REPO), stdout=PIPE, stderr=PIPE, text=True))
     return procs
+
+
+def spares(job: MultiJob) -> int:
+    """How many nodes torch's c10d rendezvous holds as spares (its state's redundancy list,
+    as torch's C10dRendezvousBackend keeps it in the job's store: base64 of a pickle)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", job.port, is_master=False, wait_for_workers=False)
+    raw = store.get(f"torch.rendezvous.{job.id}")
+    if raw == b"Y2FuaW1hZGFt":  # torch's sentinel for "no state yet"
+        return 0
+    return len(pickle.loads(base64.b64decode(raw)).redundancy_list)
 
 
 def served(port: int) -> bool:
@@ -162,7 +176,8 @@ def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) 
     # The spare waits in torch's rendezvous (beyond --nnodes' maximum): its peer is in it.
     peer = ["pgrep", "-f", f"gpulaunch.multinode.peer .*{job.id}"]
     wait_until(lambda: job.boxes[3].run(peer, capture_output=True).returncode == 0, 60, "spare")
-    time.sleep(3)  # torch's join: the spare is on the rendezvous' redundancy list
+    # torch's join: the spare is on the rendezvous' redundancy list (beyond the maximum).
+    wait_until(lambda: spares(job) == 1, 60, "the spare on the rendezvous' redundancy list")
     assert spare.poll() is None
     os.kill(job.boxes[2].inner_pid(procs[2]), signal.SIGKILL)
     ended = finish([procs[0], procs[1], spare], [job.boxes[0], job.boxes[1], job.boxes[3]], 240)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, REPO, SHARED, wait_until
+from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, REPO, SHARED, STATE_OF_P, wait_until
 from tests.integration.slurm import UID, Cluster, slurm_cluster
 
 pytestmark = pytest.mark.integration
@@ -92,12 +92,12 @@ def job_id_of(cluster: Cluster, name: str) -> str:
 
 
 def live(cluster: Cluster, node: int, pids: list[int]) -> list[int]:
-    """Which of pids (of node's PID namespace) still run (zombies count as gone)."""
+    """Which of pids (of node's PID namespace) still exist: a zombie (state Z, never reaped)
+    is left behind too."""
     if not pids:
         return []
-    check = 's=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) && [ "$s" != Z ] && echo $p'
-    out = cluster.sh(f"for p in {' '.join(map(str, pids))}; do {check}; done; true", node)
-    return [int(p) for p in out.split()]
+    out = cluster.sh(f"for p in {' '.join(map(str, pids))}; do {STATE_OF_P}; done; true", node)
+    return [int(line.split()[0]) for line in out.splitlines() if line.strip()]
 
 
 def ready(srun: subprocess.Popen[str], jobdir: Path) -> None:

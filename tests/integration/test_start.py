@@ -71,7 +71,12 @@ def test_watcher_sigkill_leaves_nothing(job: Job) -> None:
             job.wait_file(f"rank{rank}.ready")
         assert len(job.alive()) == 9  # 3 ranks, 3 children, 3 daemons
         os.kill(job.box.inner_pid(proc), signal.SIGKILL)
-        took = wait_until(lambda: not job.alive(), 2.0, "every rank process to be gone")
+        # systemd stops the ranks' scopes (BindsTo=): an event of systemd's, not a time; a
+        # scope is gone once its cgroup is empty, then no process may be left (a zombie is
+        # one until reaped). Bounds for a loaded machine; the time is printed (README's bench
+        # row 2 measures it: tens of ms).
+        took = wait_until(lambda: not job.units(), 30, "systemd to stop the job's units")
+        took += wait_until(lambda: not job.alive(), 10, "every process to be gone")
         print(f"all rank processes gone {took:.3f}s after SIGKILL of the watcher")
     finally:
         proc.kill()

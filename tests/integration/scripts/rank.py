@@ -30,6 +30,10 @@ def main() -> None:
     p.add_argument("--grandchild", action="store_true", help="start a plain child: sleep")
     p.add_argument("--daemon", action="store_true", help="start a double-forked setsid daemon")
     p.add_argument("--worker", action="store_true", help="start a multiprocessing worker")
+    p.add_argument("--zombie", action="store_true", help="a child that exits, never reaped")
+    p.add_argument(
+        "--orphan", action="store_true", help="a double-forked child that exits once adopted"
+    )
     p.add_argument("--print", action="store_true", help="print env and cgroup")
     p.add_argument(
         "--on-usr1", action="store_true", help="on SIGUSR1 write rank<N>.usr1 (and its pid)"
@@ -78,6 +82,26 @@ def main() -> None:
             record(f"rank{rank}-daemon", daemon)
             os._exit(0)
         os.wait()
+    if args.zombie:  # exits at once; the rank never waits for it: a zombie of the rank's
+        child_pid = os.fork()
+        if child_pid == 0:
+            os._exit(0)
+        record(f"rank{rank}-zombie", child_pid)
+    if args.orphan:
+        # The middle process records its child and exits (the rank reaps it); the child
+        # reads its pipe to the middle until EOF (the middle is gone) and exits: a zombie
+        # of whoever adopted it (the nearest subreaper), until that one reaps it.
+        middle = os.fork()
+        if middle == 0:
+            r, w = os.pipe()
+            orphan = os.fork()
+            if orphan == 0:
+                os.close(w)
+                os.read(r, 1)
+                os._exit(0)
+            record(f"rank{rank}-orphan", orphan)
+            os._exit(0)
+        os.waitpid(middle, 0)  # that one only: the --zombie child stays unreaped
     if args.print:
         with open("/proc/self/cgroup") as f:
             cgroup = f.read().strip().splitlines()[-1]
