@@ -331,6 +331,8 @@ def _contain(
     def announce() -> None:
         output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
         output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
+        if note := opts.recovery.restart.start_note(opts.max_restarts):  # issue 35
+            output.message(f"gpulaunch: job {spec.job}: {note}")
         # warnings about a job that runs: not before its units exist (it may be refused)
         _warn_about(spec, output, direct)
         if detached is not None:
