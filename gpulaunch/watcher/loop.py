@@ -330,7 +330,8 @@ class Watcher(EventLoop):
             self.output.message(self.recovery.preempt.line(signum))
             preempt(self.ranks, self.signal_ranks, self.recovery.preempt, self._aio, self._kill_now)
         elif self.phase is Phase.STOPPING:  # e.g. for a restart: no restart now (notices.py)
-            self.output.message(preempt_while_stopping(signum, self.signal_ranks, self.recovery))
+            line = preempt_while_stopping(signum, self.signal_ranks, self.recovery.preempt)
+            self.output.message(line)
 
     def signal_ranks(self, signum: int, rank: int | None = None) -> int:
         """A notice to the running ranks (watcher/notices.py); how many got it."""

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 from gpulaunch.model import RankState
 from gpulaunch.recovery.preempt import PreemptPolicy, signal_name
-from gpulaunch.recovery.tracker import Recovery
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.ranks import Rank
 
@@ -60,13 +59,12 @@ def preempt(
     aio.call_later(policy.grace, deadline)
 
 
-def preempt_while_stopping(signum: int, send: Callable[[int], int], recovery: Recovery) -> str:
+def preempt_while_stopping(signum: int, send: Callable[[int], int], policy: PreemptPolicy) -> str:
     """A preemption notice while the gang stops already (a rank failed, its restart due):
     nothing restarts, the job ends preempted (recovery/tracker.py), and the ranks still
     running get --preempt-signal too where it is not the SIGTERM the stop sent them. Their
     SIGKILL stays the stop's, --grace after it began: systemd fixed a scope's
     TimeoutStopSec= when it made it (docs/recovery.md). The line for the terminal."""
-    policy = recovery.preempt
     if policy.signal != signal.SIGTERM:
         send(policy.signal)
     return (
