@@ -407,6 +407,11 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 
 
 def start_options(args: argparse.Namespace) -> StartOptions:
+    if args.standalone and args.nnodes not in (None, "1", "1:1"):  # torchrun's: one node
+        raise UsageError(
+            f"--standalone is one node: it cannot be --nnodes {args.nnodes}",
+            "drop --standalone for a multi-node job, or --nnodes for a single-node one",
+        )
     if args.wait_for_gpus and not isinstance(args.gpus, LeaseRequest):
         raise UsageError(
             "--wait-for-gpus waits for a lease: it needs --gpus auto:N",
