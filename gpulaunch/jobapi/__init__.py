@@ -5,6 +5,8 @@
 - `view`: `JobView`, the one shape of a job that every client shows;
 - `client`: finding jobs (bus or record) and talking to a live one;
 - `commands`: `gpulaunch list | status | stop | wait`.
+- `leftovers`: what a direct job left in its cgroup when its watcher and keeper died
+  together, ended by the next command that reads its record.
 
 Nothing here but `publisher` and `record`'s writer runs inside the watcher, and no
 module here imports the watcher or pystemd.
