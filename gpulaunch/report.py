@@ -17,6 +17,7 @@ from gpulaunch.model import (
 )
 
 # Installs packaging/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
+NO_STEP = "no rank stepped"  # how a hang by steps begins (watcher/hangwatch.py)
 JOURNALD_FIX = "sudo gpulaunch setup --journald --restart-journald"
 
 
@@ -35,6 +36,10 @@ def headline(report: JobReport) -> str:
         assert report.interrupt_signal is not None
         by = report.interrupted_by or signal_name(report.interrupt_signal)
         return f"gpulaunch: job {report.job} stopped by {by} (status {report.status})"
+    if report.cause is Cause.HUNG and report.hang and report.hang.startswith(NO_STEP):
+        # the ranks report steps (gpulaunch/progress/): they may well print and compute
+        head = f"gpulaunch: job {report.job} hung (--hang-timeout, status {report.status})"
+        return f"{head}: {report.hang}"
     if report.cause is Cause.HUNG:
         return (
             f"gpulaunch: job {report.job} hung: no output and no CPU use for --hang-timeout "
