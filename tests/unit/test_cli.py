@@ -130,3 +130,23 @@ def test_standalone_with_several_nodes_is_refused(
     assert err.startswith(
         f"gpulaunch: error: --standalone is one node: it cannot be --nnodes {nnodes}"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [  # (the first word is named: the option, or the script)
+        (["--nproc-per-node", "2", "x.py"], "gpulaunch start --nproc-per-node 2 x.py"),
+        (["--debug", "--nproc=2", "x.py", "--lr", "3"], "gpulaunch start --nproc=2 x.py --lr 3"),
+        (["train.py"], "gpulaunch start train.py"),
+    ],
+)
+def test_a_forgotten_start_is_named(
+    argv: list[str], meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """issue 35: torchrun's line without `start` said "invalid choice: '2'"."""
+    code, _, err = run(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("gpulaunch: error: '") and err.endswith(
+        f"' is not a command; did you mean `{meant}`?\n"
+    ), err
+    assert "Traceback" not in err
