@@ -34,7 +34,9 @@ def generate(out: Path, root: str) -> dict[str, Path]:
     finally:
         sys.path.remove(root)
     texts = {
-        "gpulaunch.bash": shtab.complete(_completing(build_parser(), shtab), shell="bash"),
+        "gpulaunch.bash": _script_args_are_not_ours(
+            shtab.complete(_completing(build_parser(), shtab), shell="bash")
+        ),
         "_gpulaunch": shtab.complete(_completing(build_parser(), shtab), shell="zsh"),
         "gpulaunch.1": _with_exit_status(
             Manpage(
@@ -81,6 +83,25 @@ def _completing(parser: Any, shtab: Any) -> Any:
         elif action.dest == "job" and not action.option_strings:
             action.complete = shtab.cmd(JOB_IDS)
     return parser
+
+
+# shtab's bash offers the launcher's options for a word that begins with "-" also after the
+# script (argparse.REMAINDER: the script's own arguments, which a launcher option there would
+# be). zsh's spec excludes them already ("(-)*::").
+SHTAB_OPTIONS_BRANCH = '  if [[ $pos_only = 0 && "$completing_word" == -* &&'
+NOT_AFTER_SCRIPT = (
+    '  if [[ "$current_action_nargs" == "..." && "$completing_word" == -* ]]; then\n'
+    "    : # the script's own arguments: not the launcher's options\n"
+    '  elif [[ $pos_only = 0 && "$completing_word" == -* &&'
+)
+
+
+def _script_args_are_not_ours(bash: str) -> str:
+    """No launcher option offered after the script's name (a shtab upgrade that changes the
+    line this hooks into fails the build, never ships the old behaviour silently)."""
+    if bash.count(SHTAB_OPTIONS_BRANCH) != 1:
+        raise RuntimeError("hatch_build.py: shtab's bash completion changed; update the hook")
+    return bash.replace(SHTAB_OPTIONS_BRANCH, NOT_AFTER_SCRIPT)
 
 
 def _with_exit_status(page: Any, table: str) -> str:

@@ -409,6 +409,11 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 
 
 def start_options(args: argparse.Namespace) -> StartOptions:
+    if args.standalone and args.nnodes not in (None, "1", "1:1"):  # torchrun's: one node
+        raise UsageError(
+            f"--standalone is one node: it cannot be --nnodes {args.nnodes}",
+            "drop --standalone for a multi-node job, or --nnodes for a single-node one",
+        )
     if args.wait_for_gpus and not isinstance(args.gpus, LeaseRequest):
         raise UsageError(
             "--wait-for-gpus waits for a lease: it needs --gpus auto:N",
@@ -464,3 +469,20 @@ def _default_nproc(gpus: tuple[int, ...] | LeaseRequest | None) -> int:
 
 def output_options(args: argparse.Namespace) -> OutputOptions:
     return OutputOptions(ranks=args.ranks, quiet=args.quiet, log_dir=args.log_dir)
+
+
+def forgot_start(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """torchrun's habit with no command: `gpulaunch --nproc-per-node 2 x.py`, `gpulaunch
+    x.py`. One line that says what was meant (UsageError), before argparse's "invalid
+    choice" for a word that is not the command at all."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    first = next((a for a in argv if a not in parser._option_string_actions), None)
+    if first is None or first in sub.choices:
+        return
+    start = sub.choices["start"]
+    launcher = first.split("=", 1)[0] in start._option_string_actions
+    if launcher or (not first.startswith("-") and first.endswith(".py")):
+        import shlex
+
+        words = shlex.join(a for a in argv if a != "--debug")
+        raise UsageError(f"{first!r} is not a command; did you mean `gpulaunch start {words}`?")

@@ -17,6 +17,10 @@ from gpulaunch.model import (
 )
 
 # Installs packaging/journald/60-gpulaunch.conf (gpulaunch/system/setup.py).
+# a cause rank's stderr tail that holds no Python traceback: its last lines, not "its error"
+# (a library's warning may be all it printed; watcher/errorfile.py)
+NO_TRACEBACK = "the last lines of its stderr, no traceback among them"
+NO_STEP = "no rank stepped"  # how a hang by steps begins (watcher/hangwatch.py)
 JOURNALD_FIX = "sudo gpulaunch setup --journald --restart-journald"
 
 
@@ -35,6 +39,10 @@ def headline(report: JobReport) -> str:
         assert report.interrupt_signal is not None
         by = report.interrupted_by or signal_name(report.interrupt_signal)
         return f"gpulaunch: job {report.job} stopped by {by} (status {report.status})"
+    if report.cause is Cause.HUNG and report.hang and report.hang.startswith(NO_STEP):
+        # the ranks report steps (gpulaunch/progress/): they may well print and compute
+        head = f"gpulaunch: job {report.job} hung (--hang-timeout, status {report.status})"
+        return f"{head}: {report.hang}"
     if report.cause is Cause.HUNG:
         return (
             f"gpulaunch: job {report.job} hung: no output and no CPU use for --hang-timeout "
@@ -109,6 +117,14 @@ def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
     )
 
 
+def _error_heading(r: RankResult) -> str:
+    """`rank 1's error, from ...:`; a tail without a traceback is its last lines, no error."""
+    if r.error_source != NO_TRACEBACK or r.exit is None:
+        return f"rank {r.rank}'s error, from {r.error_source}:"
+    how = f"exited {r.exit.code}" if r.exit.signal is None else r.exit.describe()
+    return f"rank {r.rank} {how} without a traceback; its last lines of stderr:"
+
+
 def format_report(report: JobReport) -> str:
     """The per-rank table, the cause rank first."""
     rows: list[tuple[str, ...]] = [("rank", "unit", "pid", "exit", "how", "runtime")]
@@ -150,7 +166,7 @@ def format_report(report: JobReport) -> str:
         lines.append(report.recovery)
     for r in report.ranks:
         if r.error:
-            lines.append(f"rank {r.rank}'s error, from {r.error_source}:")
+            lines.append(_error_heading(r))
             lines += ["  " + line for line in r.error.splitlines()]
     if report.hang and report.cause is not Cause.HUNG:  # --dump-stacks: the headline has not
         lines.append(f"where the other ranks were: {report.hang}")

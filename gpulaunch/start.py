@@ -48,7 +48,7 @@ from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
-from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, kept
+from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, job_cgroup, kept
 from gpulaunch.watcher.limits import check_job_fits
 from gpulaunch.watcher.observers import Observer
 
@@ -326,11 +326,13 @@ def _contain(
     if can.needs_keeper:
         if keeper is None and job.peer is None:  # the peer must stay the watcher's child
             keeper = fork_keeper_for(spec)
-        chosen = kept(chosen, keeper)
+        chosen = kept(chosen, keeper, warn)  # (and what dead jobs left, ended: issue 35)
 
     def announce() -> None:
         output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
         output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
+        if note := opts.recovery.restart.start_note(opts.max_restarts):  # issue 35
+            output.message(f"gpulaunch: job {spec.job}: {note}")
         # warnings about a job that runs: not before its units exist (it may be refused)
         _warn_about(spec, output, can.manager_limits)
         if detached is not None:
@@ -345,7 +347,7 @@ def _contain(
     # and a bus is welcome but not needed.
     observers = (
         *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
-        *((FileRecorder(warn),) if unpublished else ()),
+        *((FileRecorder(warn, cgroup=job_cgroup(chosen)),) if unpublished else ()),
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
         *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map

@@ -9,7 +9,9 @@
 - `client.py`: finding jobs (bus or record) and talking to a live one;
   `whose.py`: whose jobs a command is about; `procid.py`: which process a pid meant;
 - `commands.py`: `gpulaunch list | status | stop | wait`; `top.py`: `gpulaunch top`,
-  with `targets.py`, the ranks it measures.
+  with `targets.py`, the ranks it measures;
+- `leftovers.py`: what a direct job left in its cgroup when its watcher and keeper died
+  together, ended by the next command that reads its record.
 
 Nothing here but `publisher` and `record`'s writer runs inside the watcher, and no
 module here imports the watcher or pystemd.

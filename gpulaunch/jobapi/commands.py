@@ -86,7 +86,27 @@ def _lost(job: str, found: filerecord.FileRecord | None = None) -> JobLostError:
         )
     return JobLostError(
         f"the watcher of job {job!r} went away without saying how the job ended (was it killed?)",
-        "its keeper ended every process of its ranks; see its --log-dir, if any",
+        f"{_left_behind(found)}; see its --log-dir, if any",
+    )
+
+
+def _left_behind(found: filerecord.FileRecord | None) -> str:
+    """What is left of a job whose watcher is gone: ended now where its cgroup allows
+    (jobapi/leftovers.py); never a cleanup that was not seen."""
+    from gpulaunch.jobapi import leftovers
+
+    if found is None:
+        return "nothing here can tell what of it is left"
+    ended = leftovers.end(found)
+    if ended is not None:
+        return ended.describe()
+    if found.cgroup is not None:
+        if not os.path.exists(found.cgroup):
+            return f"nothing of it is left: its cgroup {found.cgroup} is gone"
+        return f"its keeper may still be ending what is left in its cgroup {found.cgroup}"
+    return (
+        "if its keeper was killed too, what its ranks started may still run: without a "
+        "cgroup nothing can find it (docs/environments.md)"
     )
 
 
@@ -110,7 +130,12 @@ def _ended(job: str, view: JobView) -> UnknownJobError:
 
 
 def _records(running_only: bool) -> list[JobView]:
-    """The direct supervisor's record files, as believed (a dead watcher's job is not running)."""
+    """The direct supervisor's record files, as believed (a dead watcher's job is not running);
+    what a dead job left in its cgroup is ended first (jobapi/leftovers.py)."""
+    from gpulaunch.jobapi import leftovers
+
+    for ended in leftovers.sweep(filerecord.recent_records()):
+        print(f"gpulaunch: {ended.describe()}", file=sys.stderr)
     if running_only:  # what runs here: another node's records cannot be checked from here
         return [v for v in filerecord.recent(this_node=True) if not v.state.ended]
     return filerecord.recent()

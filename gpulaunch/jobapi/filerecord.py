@@ -46,6 +46,7 @@ ROOT_DIR = Path("/run/gpulaunch/jobs")
 WATCHER_KEY = "_GPULAUNCH_WATCHER"  # the watcher's identity (procid.Identity)
 NODE_KEY = "_GPULAUNCH_NODE"
 SPOOL_SUFFIX = ".logs"  # <record name>.logs/: a detached job's output without journald
+CGROUP_KEY = "_GPULAUNCH_CGROUP"  # the direct supervisor's job cgroup (jobapi/leftovers.py)
 
 
 def jobs_dir(env: dict[str, str] | None = None) -> Path:
@@ -73,6 +74,7 @@ class FileRecord:
     watcher: Identity | None
     node: str
     mtime: float
+    cgroup: str | None = None  # the job's cgroup, where it had one (the writer's word)
 
     def watcher_alive(self) -> bool:
         return self.watcher is not None and self.watcher.alive()
@@ -146,9 +148,14 @@ directory = _directory  # the records' directory, checked (logs/spool.py keeps s
 # -- writing -------------------------------------------------------------------
 
 
-def write(view: JobView, message: str, base: Path | None = None) -> Path:
-    """Write (replace) the job's record; OSError if it cannot be written."""
+def write(
+    view: JobView, message: str, base: Path | None = None, cgroup: Path | None = None
+) -> Path:
+    """Write (replace) the job's record (`cgroup`: the job's, if it has one); OSError if it
+    cannot be written."""
     entry = dict(fields(view, message))
+    if cgroup is not None:
+        entry[CGROUP_KEY] = str(cgroup)
     entry["_UID"] = str(os.getuid())
     entry["__REALTIME_TIMESTAMP"] = str(time.time_ns() // 1000) if view.state.ended else "0"
     me = Identity.of(view.watcher_pid)
@@ -233,7 +240,9 @@ def _read(fd: int, name: str) -> FileRecord | None:
     watcher = None
     with contextlib.suppress(ValueError, TypeError):
         watcher = Identity.from_json(json.loads(str(entry.get(WATCHER_KEY, "null"))))
-    return FileRecord(view, watcher, str(entry.get(NODE_KEY, "")), st.st_mtime)
+    cgroup = entry.get(CGROUP_KEY)
+    cgroup = cgroup if isinstance(cgroup, str) else None
+    return FileRecord(view, watcher, str(entry.get(NODE_KEY, "")), st.st_mtime, cgroup)
 
 
 def find_record(job: str, base: Path | None = None) -> FileRecord | None:
@@ -302,13 +311,16 @@ def send_signal(record: FileRecord, signum: int) -> bool:
 class FileRecorder:
     """Writes the job's record file at its start and its end; a watcher `Observer`."""
 
-    def __init__(self, warn: Callable[[str], None], base: Path | None = None) -> None:
+    def __init__(
+        self, warn: Callable[[str], None], base: Path | None = None, cgroup: Path | None = None
+    ) -> None:
         self._warn = warn
         self._base = base
+        self._cgroup = cgroup  # the direct supervisor's job cgroup (jobapi/leftovers.py)
 
     def _write(self, view: JobView, message: str) -> None:
         try:
-            write(view, message, self._base)
+            write(view, message, self._base, self._cgroup)
         except OSError as exc:
             self._warn(f"could not write the job's record file: {exc}")
 

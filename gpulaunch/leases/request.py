@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from gpulaunch.errors import UnavailableError, UsageError
+from gpulaunch.errors import UnavailableError
 from gpulaunch.leases.holders import holders
 from gpulaunch.leases.store import Lease, open_lock, store_fd, store_uid, try_lock
 from gpulaunch.plan.gpus import Gpu, visible_pool
@@ -45,10 +45,26 @@ def _positions(opts: StartOptions, pool: tuple[Gpu, ...], chosen: tuple[Gpu, ...
     return replace(opts, resources=replace(opts.resources, gpus=gpus), nproc=nproc)
 
 
+def _enough(pool: tuple[Gpu, ...], request: LeaseRequest) -> tuple[Gpu, ...]:
+    """The pool, if it has the GPUs asked for; else what this machine lacks, exit 69 (as too
+    few free ones: README, "Exit status"), none at all included."""
+    if len(pool) < request.count:
+        raise UnavailableError(
+            f"--gpus {request}: this machine has {len(pool)} GPU(s)"
+            + (
+                " that CUDA_VISIBLE_DEVICES leaves visible"
+                if "CUDA_VISIBLE_DEVICES" in os.environ
+                else ""
+            ),
+            "ask for fewer" if pool else "leave out --gpus on a machine without GPUs",
+        )
+    return pool
+
+
 def unleased(opts: StartOptions, request: LeaseRequest) -> StartOptions:
     """The options as `render` (and a front end's first plan) shows them: the pool's
     first N GPUs, nothing leased (the watcher leases when it starts)."""
-    pool = _pool(opts)
+    pool = _enough(_pool(opts), request)
     return _positions(opts, pool, pool[: request.count])
 
 
@@ -56,17 +72,7 @@ def take(
     opts: StartOptions, request: LeaseRequest, wait: bool = False
 ) -> tuple[StartOptions, Lease]:
     """The options with the leased GPUs as `--gpus`, and the lease (hold it for the job)."""
-    pool = _pool(opts)
-    if len(pool) < request.count:
-        raise UsageError(
-            f"--gpus {request}: this machine has {len(pool)} GPU(s)"
-            + (
-                " that CUDA_VISIBLE_DEVICES leaves visible"
-                if "CUDA_VISIBLE_DEVICES" in os.environ
-                else ""
-            ),
-            "ask for fewer",
-        )
+    pool = _enough(_pool(opts), request)
     root = opts.machine_root
     trusted = store_uid(root)
     announced = False

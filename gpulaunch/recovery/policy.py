@@ -28,6 +28,9 @@ class Verdict(enum.StrEnum):
     NOT_RESTARTED = "not-restarted"  # its class is not in --restart-on
     CRASH_LOOP = "crash-loop"  # --crash-loop attempts in a row failed the same way
     STOPPING = "stopping"  # the job was interrupted or preempted meanwhile: it ends
+    # a restart was due, but an interrupt or a preemption came while the gang stopped:
+    # the interrupt wins, gets its grace, and is the job's cause (tracker.py, `outcome`)
+    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -60,13 +63,21 @@ def decide(
 ) -> Decision:
     """Restart or not after the last of `failures` (every attempt's, in order, one each).
 
-    `stopping`: the job was interrupted or preempted while this attempt ended. The reasons
-    not to restart are checked only while restarts are left: each ends the job early.
+    `stopping`: the job was interrupted or preempted while this attempt ended: nothing
+    restarts, and where a restart was due the interrupt is the job's cause (INTERRUPTED).
+    The reasons not to restart are checked only while restarts are left: each ends the job
+    early.
     """
     failure = failures[-1]
     done = len(failures) - 1  # restarts made so far
     if stopping:
-        return Decision(Verdict.STOPPING)
+        if not decide(policy, max_restarts, failures).restart:
+            return Decision(Verdict.STOPPING)
+        return Decision(
+            Verdict.INTERRUPTED,
+            f"gpulaunch: {failure.what}; not restarting: the job was interrupted while "
+            "its ranks stopped",
+        )
     if done >= max_restarts:  # (none allowed, or all made): nothing to say but the report's
         return Decision(Verdict.SPENT)
     not_restarted = f"gpulaunch: {failure.what}; not restarting"

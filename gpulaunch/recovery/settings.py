@@ -39,6 +39,17 @@ class RestartPolicy:
         which one did; multinode/rounds.py asks this for another node's rank)."""
         return self.restarts(kind) and not self.says_do_not_restart(kind, status)
 
+    def start_note(self, max_restarts: int) -> str | None:
+        """For the start line: the crash-loop rule can end the job before --max-restarts
+        restarts were made (None: it cannot)."""
+        if not self.crash_loop or max_restarts < self.crash_loop:
+            return None
+        return (
+            f"up to {max_restarts} restarts (--max-restarts), but {self.crash_loop} attempts in "
+            f"a row that fail the same way, each within {self.progress_after:g} s, end it "
+            f"sooner (--crash-loop {self.crash_loop}, --progress-after {self.progress_after:g})"
+        )
+
 
 @dataclass(frozen=True)
 class RecoveryOptions:

@@ -66,10 +66,11 @@ class Recovery:
         say: Callable[[str], None],
     ) -> bool:
         """After an attempt (`report`: the job's report if it ended now), restart the gang?
-        `say` gets the line that says what was decided and why, if any."""
+        `say` gets the line that says so and why; a line that says why not is the report's
+        (`line`), said once there."""
         outcome = Outcome(report.status, report.cause, report.cause_rank)
         decision = self.after(outcome, exits, stopping)
-        if decision is not None and decision.line is not None:
+        if decision is not None and decision.restart and decision.line is not None:
             say(decision.line)
         return decision is not None and decision.restart
 
@@ -91,10 +92,15 @@ class Recovery:
             write_deadline(self.deadline_file, time.time() + self.preempt.grace)
         return True
 
-    def outcome(self, outcome: Outcome) -> Outcome:
-        """The job's outcome: a crash loop's, a preemption's (when it ended the job), or
-        the exit-status rules' (`outcome`)."""
-        if outcome.cause is Cause.INTERRUPTED and self.preempted_at is not None:
+    def outcome(self, outcome: Outcome, interrupt: tuple[float, int] | None = None) -> Outcome:
+        """The job's outcome: a crash loop's, a preemption's or an interrupt's (`interrupt`:
+        the watcher's first, (time, signal)) when it ended the job, or the exit-status
+        rules' (`outcome`). An interrupt that came while a failed attempt's gang stopped
+        for a restart ends the job as if it had come first: it wins over the restart."""
+        won = self.decision is not None and self.decision.verdict is Verdict.INTERRUPTED
+        if won and self.preempted_at is None and interrupt is not None:
+            return Outcome(128 + interrupt[1], Cause.INTERRUPTED, None)
+        if (outcome.cause is Cause.INTERRUPTED or won) and self.preempted_at is not None:
             return Outcome(PREEMPTED_STATUS, Cause.PREEMPTED, None)
         if self.decision is not None and self.decision.verdict is Verdict.CRASH_LOOP:
             if outcome.cause is not Cause.INTERRUPTED:

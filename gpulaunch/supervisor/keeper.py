@@ -30,7 +30,9 @@ signals every process of the step itself, the watcher too.
 
 The watcher gets PR_SET_PDEATHSIG SIGTERM: a keeper SIGKILLed stops the job as
 a SIGTERM would, with its grace period, and the watcher (a subreaper itself)
-ends everything of the ranks as for any stop.
+ends everything of the ranks as for any stop. Both killed at once (`pkill -9 -f
+gpulaunch`): the sentinel the keeper started ends the job's cgroup
+(supervisor/sentinel.py).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import NoReturn
 from gpulaunch.linux import become_subreaper, set_parent_death_signal
 from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.pgroups import descendants, signal_all
+from gpulaunch.supervisor.sentinel import spawn_sentinel, tell_sentinel
 
 CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed processes to leave a cgroup
 RELAYED = (
@@ -68,11 +71,15 @@ class KeeperLink:
 
     pid: int  # the keeper's (the watcher's parent)
     fd: int  # write end of the pipe to the keeper
+    sentinel: int = -1  # write end of the sentinel's pipe (supervisor/sentinel.py)
 
     def tell(self, **message: object) -> None:
-        """One message (a JSON line); never blocks, never fails the job."""
+        """One message (a JSON line); never blocks, never fails the job. The job's cgroup
+        goes to the sentinel too."""
         with contextlib.suppress(OSError):
             os.write(self.fd, json.dumps(message).encode() + b"\n")
+        if "cgroup" in message:
+            tell_sentinel(self.sentinel, str(message["cgroup"]))
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -114,6 +121,9 @@ def fork_keeper(in_step: bool, at_end: Callable[[int], object]) -> KeeperLink:
     sys.stderr.flush()
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(write_end, False)
+    # for the death of both of us (supervisor/sentinel.py): forked after the watcher, so
+    # that the watcher stays the keeper's first child
+    sentinel_r, sentinel = os.pipe2(os.O_CLOEXEC)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # none lost before sigwait
     keeper = os.getpid()
     pid = os.fork()
@@ -125,22 +135,25 @@ def fork_keeper(in_step: bool, at_end: Callable[[int], object]) -> KeeperLink:
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != keeper:  # it died before the line above
             os.kill(os.getpid(), signal.SIGTERM)
-        return KeeperLink(keeper, write_end)
+        os.close(sentinel_r)
+        return KeeperLink(keeper, write_end, sentinel)
     os.close(write_end)
+    spawn_sentinel(sentinel_r)
     try:
-        _keep(pid, read_end, in_step, at_end)
+        _keep(pid, read_end, in_step, at_end, sentinel)
     finally:
         os._exit(70)  # pragma: no cover - _keep never returns
 
 
 def _keep(  # pragma: no cover - the keeper
-    watcher: int, messages: int, in_step: bool, at_end: Callable[[int], object]
+    watcher: int, messages: int, in_step: bool, at_end: Callable[[int], object], sentinel: int
 ) -> NoReturn:
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    os.closerange(3, messages)
-    os.closerange(messages + 1, os.sysconf("SC_OPEN_MAX"))
+    kept = sorted({messages, sentinel} - {-1})  # the sentinel's: held until we end
+    for low, high in zip([2, *kept], [*kept, os.sysconf("SC_OPEN_MAX")], strict=True):
+        os.closerange(low + 1, high)
     with contextlib.suppress(OSError):  # stdout's reader sees its end with the watcher's
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)

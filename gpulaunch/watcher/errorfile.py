@@ -26,7 +26,9 @@ from types import TracebackType
 from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi.procid import Identity
 from gpulaunch.logs.excerpt import text_excerpt
+from gpulaunch.logs.output import TRACEBACK
 from gpulaunch.model import Manager
+from gpulaunch.report import NO_TRACEBACK
 
 
 def runtime_base(manager: Manager) -> Path:
@@ -171,6 +173,8 @@ def rank_error(
     if from_file:
         return from_file, "its error file (@record)"
     tail = stderr_tail(rank)
+    if tail and TRACEBACK.decode() not in tail:  # e.g. only a library's warning (issue 35)
+        return tail, NO_TRACEBACK
     return (tail, "the last lines of its stderr") if tail else (None, None)
 
 

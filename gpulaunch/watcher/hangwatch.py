@@ -20,6 +20,7 @@ from gpulaunch.debug.hang import HangClock, cpu_seconds, hang_summary
 from gpulaunch.debug.stacks import RankStacks, dump_ranks, find_pyspy, format_stacks
 from gpulaunch.model import StepInfo
 from gpulaunch.progress.behind import behind
+from gpulaunch.report import NO_STEP
 from gpulaunch.watcher.ranks import Rank
 
 HUNG = "the job hung (--hang-timeout)"
@@ -48,6 +49,7 @@ class HangWatch:
         self.pyspy: str | None = None
         self.hung_at: float | None = None
         self.summary: str | None = None  # where the ranks were (which collective)
+        self.steps_why: str | None = None  # hung by steps: who stepped last, who is behind
         self.stacks: str | None = None  # the report's bounded text
         self._timer: asyncio.TimerHandle | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
@@ -64,6 +66,7 @@ class HangWatch:
     ) -> None:
         """The ranks run: arm the first deadline. `on_hung` gets the reason."""
         self.cancel()
+        self.steps_why = None  # (a new attempt)
         if self.timeout is None:
             return
         self._aio, timeout = aio, self.timeout
@@ -79,8 +82,9 @@ class HangWatch:
                     return
                 self.hung_at = now
                 where = behind({r.spec.rank: r.steps.step if r.steps else None for r in ranks()})
-                why = f"no rank stepped for {now - at:.1f} s ({where})"
+                why = f"{NO_STEP} for {now - at:.1f} s ({where})"
                 self.say(f"gpulaunch: job hung (--hang-timeout {timeout:g}): {why}")
+                self.steps_why = self.summary = why  # the headline's (report.py), not "no CPU"
                 on_hung(f"{HUNG}: {why}")
                 return
             cpu = {
@@ -113,7 +117,7 @@ class HangWatch:
             if r.child is not None and r.state.alive
         ]
         taken: Sequence[RankStacks] = await dump_ranks(self.pyspy, targets) if targets else ()
-        self.summary = hang_summary(taken) or None
+        self.summary = "; ".join(t for t in (self.steps_why, hang_summary(taken)) if t) or None
         full = "\n\n".join(format_stacks(s) for s in taken)
         short = "\n".join(format_stacks(s, limit=STACK_FRAMES) for s in taken)
         if len(short) > REPORT_MAX:

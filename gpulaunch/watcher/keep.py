@@ -1,11 +1,13 @@
 """The direct supervisor's keeper, seen from `gpulaunch start` (supervisor/keeper.py is the
 keeper itself): whether to fork it before anything of the job exists, forking it with what
-it removes when the watcher is gone, and telling the direct supervisor of it.
+it removes when the watcher is gone, and telling the direct supervisor of it; what a job
+whose watcher and keeper died together left in its cgroup, ended (jobapi/leftovers.py).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,12 +45,32 @@ def fork_keeper_for(spec: JobSpec) -> KeeperLink:
     return fork_keeper(resource_manager_step(os.environ) is not None, at_end)
 
 
-def kept(chosen: Chosen, keeper: KeeperLink | None) -> Chosen:
-    """The direct supervisor told of its keeper; the start line says what it guarantees."""
+def kept(chosen: Chosen, keeper: KeeperLink | None, warn: Callable[[str], None]) -> Chosen:
+    """The direct supervisor told of its keeper; the start line says what it guarantees.
+    What dead jobs' watcher and keeper left in their cgroups is ended first (`warn` says)."""
     from gpulaunch.supervisor.direct import CgroupSupervisor, ProcessGroupSupervisor
+
+    end_leftovers(warn)
 
     supervisor = chosen.supervisor
     assert isinstance(supervisor, CgroupSupervisor | ProcessGroupSupervisor)
     before = supervisor.guarantees()
     supervisor.keeper = keeper
     return replace(chosen, line=supervisor.guarantees() + chosen.line.removeprefix(before))
+
+
+def job_cgroup(chosen: Chosen) -> Path | None:
+    """The job's cgroup, for its record file (the cgroup way), else None."""
+    from gpulaunch.supervisor.direct import CgroupSupervisor
+
+    supervisor = chosen.supervisor
+    return supervisor.job.path if isinstance(supervisor, CgroupSupervisor) else None
+
+
+def end_leftovers(warn: Callable[[str], None]) -> None:
+    """Before a direct job starts: end what dead jobs left in their cgroups, and say so."""
+    from gpulaunch.jobapi.filerecord import recent_records
+    from gpulaunch.jobapi.leftovers import sweep
+
+    for ended in sweep(recent_records()):
+        warn(ended.describe())

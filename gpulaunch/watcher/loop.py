@@ -38,7 +38,7 @@ from gpulaunch.watcher.eventloop import EventLoop
 from gpulaunch.watcher.final import UsageReader
 from gpulaunch.watcher.forkrank import fork_rank
 from gpulaunch.watcher.hangwatch import HangWatch
-from gpulaunch.watcher.notices import pass_on, preempt
+from gpulaunch.watcher.notices import pass_on, preempt, preempt_while_stopping
 from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.origin import blame_teardown
 from gpulaunch.watcher.outcome import job_report
@@ -331,6 +331,9 @@ class Watcher(EventLoop):
         if self.phase is Phase.RUNNING:  # else nothing runs yet, or it stops already
             self.output.message(self.recovery.preempt.line(signum))
             preempt(self.ranks, self.signal_ranks, self.recovery.preempt, self._aio, self._kill_now)
+        elif self.phase is Phase.STOPPING:  # e.g. for a restart: no restart now (notices.py)
+            line = preempt_while_stopping(signum, self.signal_ranks, self.recovery.preempt)
+            self.output.message(line)
 
     def signal_ranks(self, signum: int, rank: int | None = None) -> int:
         """A notice to the running ranks (watcher/notices.py); how many got it."""
@@ -482,7 +485,8 @@ class Watcher(EventLoop):
                     self.interrupt,
                     self.nodes.elsewhere if self.nodes is not None else None,
                     self.hang.hung_at if self.hang else None,
-                )
+                ),
+                self.interrupt,
             ),
             interrupt=self.interrupt,
             interrupted_by=self.interrupted_by,

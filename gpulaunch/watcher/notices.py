@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable, Sequence
 
 from gpulaunch.model import RankState
-from gpulaunch.recovery.preempt import PreemptPolicy
+from gpulaunch.recovery.preempt import PreemptPolicy, signal_name
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.ranks import Rank
 
@@ -57,3 +57,17 @@ def preempt(
 
     assert policy.grace is not None
     aio.call_later(policy.grace, deadline)
+
+
+def preempt_while_stopping(signum: int, send: Callable[[int], int], policy: PreemptPolicy) -> str:
+    """A preemption notice while the gang stops already (a rank failed, its restart due):
+    nothing restarts, the job ends preempted (recovery/tracker.py), and the ranks still
+    running get --preempt-signal too where it is not the SIGTERM the stop sent them. Their
+    SIGKILL stays the stop's, --grace after it began: systemd fixed a scope's
+    TimeoutStopSec= when it made it (docs/recovery.md). The line for the terminal."""
+    if policy.signal != signal.SIGTERM:
+        send(policy.signal)
+    return (
+        f"gpulaunch: {signal_name(signum)}: preempted while the ranks stop; nothing restarts, "
+        f"the ranks end within --grace, the job ends preempted"
+    )

@@ -213,6 +213,13 @@ def test_watcher_sigkill_at_any_instant_leaves_nothing(
     assert ct.leftovers() == []
 
 
+# sh, after `cmd & k=$!`: the keeper's children, the watcher ($w) and the sentinel ($s)
+WATCHER_AND_SENTINEL = (
+    "read -r w s < /proc/$k/task/$k/children; "
+    'until [ -n "$s" ]; do sleep 0.01; read -r w s < /proc/$k/task/$k/children; done'
+)
+
+
 def test_cgroup_of_a_dead_watcher_and_keeper_does_not_block_the_id(
     ct: Container, work: Path
 ) -> None:
@@ -222,14 +229,18 @@ def test_cgroup_of_a_dead_watcher_and_keeper_does_not_block_the_id(
     first = start(work, False, "stale", "--sleep", "300", "--grandchild", "--daemon")
     again = start(work, False, "stale", "--sleep", "0")
     res = ct.run(
-        f"{first} & k=$!; {ready(work)}; w=$(cut -d' ' -f1 /proc/$k/task/$k/children); "
-        "kill -STOP $k; kill -KILL $w; kill -KILL $k; wait $k; "  # the keeper cannot act
+        f"{first} & k=$!; {ready(work)}; {WATCHER_AND_SENTINEL}; "
+        "kill -STOP $k; kill -KILL $s $w; kill -KILL $k; wait $k; "  # the keeper cannot act
         f"ls -d /sys/fs/cgroup/gpulaunch-stale && echo STALE; {again}; echo again=$?; "
         f"{alive_script(work)}"
     )
     assert "STALE" in res.stdout, res.stdout  # (the test itself: something was left)
     assert "again=0" in res.stdout, res.stdout
-    assert "left by a job whose watcher is gone" in res.stdout, res.stdout
+    # said by the start that removed it (since issue 35: before it, for any dead job's cgroup)
+    assert (
+        "left by a job whose watcher is gone" in res.stdout
+        or "stale's watcher and keeper are gone: " in res.stdout
+    ), res.stdout
     assert "ALIVE" not in res.stdout, res.stdout
     assert ct.leftovers() == []
 
@@ -390,3 +401,82 @@ def test_root_ignores_a_hostile_home_for_the_record_file(ct: Container, work: Pa
     assert "rc-job=0" in out and "mine@" in out, out
     assert {p.name for p in victim_dir.iterdir()} >= {"0.json", "1.json", "2.json"}
     assert not any(p.name.startswith("mine") for p in victim_dir.iterdir())
+
+
+def killed_together(work: Path, first: str) -> str:
+    """sh: start `first`, then SIGKILL its watcher and its keeper together (as `pkill -9 -f
+    gpulaunch` does; the keeper stopped first, so that it cannot act) and its sentinel too
+    (what the next command then finds), then list with `BEFORE` what the ranks left (the
+    test's premise: something was)."""
+    return (
+        f"{first} & k=$!; {ready(work)}; {WATCHER_AND_SENTINEL}; "
+        "kill -STOP $k; kill -KILL $s $w; kill -KILL $k; wait $k; "
+        f"{{ {alive_script(work)}; }} | sed 's/^ALIVE/BEFORE/'"
+    )
+
+
+@pytest.mark.parametrize("tool", ["status", "list", "start"])
+def test_what_a_killed_watcher_and_keeper_left_is_ended(
+    tool: str, ct: Container, work: Path
+) -> None:
+    """Issue 35 item 11: watcher and keeper SIGKILLed together leave what the ranks started
+    (a worker, a child, a setsid daemon) in the rank cgroups; the next `status`, `list` or
+    `start` (of another job) on the machine kills it (cgroup.kill), removes the cgroups, and
+    says so; nothing of the job is left."""
+    first = start(work, False, "both", "--sleep", "300", "--worker", "--grandchild", "--daemon")
+    then = {
+        "status": gpulaunch(work, "status", "both"),
+        "list": gpulaunch(work, "list"),
+        "start": start(work, False, "other", "--sleep", "0"),
+    }[tool]
+    res = ct.run(
+        f"{killed_together(work, first)}; {then} 2>&1; echo rc={tool}=$?; "
+        f"rm -f {work}/rank*.ready; {alive_script(work)}; "  # (the second job's ranks: gone)
+        "ls -d /sys/fs/cgroup/gpulaunch-both 2>/dev/null && echo CGROUP-LEFT; true"
+    )
+    out = res.stdout
+    assert "BEFORE" in out, out  # (the test itself: something was left to end)
+    assert f"rc={tool}={76 if tool == 'status' else 0}" in out, out
+    assert "watcher and keeper are gone: " in out and "killed them (cgroup.kill)" in out, out
+    assert "ALIVE" not in out and "CGROUP-LEFT" not in out, out
+    assert ct.leftovers() == []
+
+
+@pytest.mark.parametrize("mode", ["shell-pgroup"])
+def test_status_claims_no_cleanup_it_did_not_see(mode: str, ct: Container, work: Path) -> None:
+    """Issue 35 item 11: process groups (no cgroup): after watcher and keeper were SIGKILLed
+    together nothing can find what the ranks started; `status` says it may still run, never
+    that the keeper ended it."""
+    first = start(work, True, "pg", "--sleep", "300", "--grandchild")
+    res = ct.run(
+        f"{killed_together(work, first)}; {gpulaunch(work, 'status', 'pg')} 2>&1; "
+        f"echo rc=$?; for f in {work}/*.pid; do kill -KILL $(cat $f) 2>/dev/null; done; true"
+    )
+    assert PGROUP_LINE in res.stdout and "BEFORE" in res.stdout, res.stdout
+    assert "rc=76" in res.stdout, res.stdout
+    assert "ended every process" not in res.stdout, res.stdout
+    assert "what its ranks started may still run" in res.stdout, res.stdout
+
+
+def test_pkill_9_of_watcher_and_keeper_leaves_no_process_of_the_job(
+    ct: Container, work: Path
+) -> None:
+    """Issue 35 item 11, as a user does it: `pkill -9 -f gpulaunch` kills the keeper and the
+    watcher together; with no other command run, the sentinel (not matched: `sh`, its cgroup
+    on stdin) ends every process the ranks started and removes the job's cgroups."""
+    first = start(work, False, "kill9", "--sleep", "300", "--worker", "--grandchild", "--daemon")
+    alive = alive_script(work)
+    script = work / "kill9.sh"  # run as `sh FILE`: no word of it matches `pkill -f gpulaunch`
+    script.write_text(
+        f"{first} & k=$!\n{ready(work)}\n"
+        "pkill -9 -f gpulaunch; echo pkill=$?; wait $k\n"
+        f'i=0; until [ -z "$({alive})" ] || [ $i -gt 400 ]; do sleep 0.05; i=$((i+1)); done\n'
+        "i=0; until [ ! -e /sys/fs/cgroup/gpulaunch-kill9 ] || [ $i -gt 400 ]; do "
+        "sleep 0.05; i=$((i+1)); done\n"
+        f"{alive}\nls -d /sys/fs/cgroup/gpulaunch-kill9 2>/dev/null && echo CGROUP-LEFT; true\n"
+    )
+    res = ct.run(f"exec sh {script}")
+    assert "pkill=0" in res.stdout, res.stdout
+    assert {"rank0-daemon", "rank1-worker"} <= {p.stem for p in work.glob("*.pid")}, res.stdout
+    assert "ALIVE" not in res.stdout and "CGROUP-LEFT" not in res.stdout, res.stdout
+    assert ct.leftovers() == []

@@ -174,6 +174,8 @@ def test_a_rank_that_prints_but_never_steps_is_hung(job: Job) -> None:
     assert found_at - last_step >= 3 - 0.5, (found_at - last_step, text)  # not before it
     assert proc.returncode == 124, text
     assert "(rank 1 at step 2, behind the others' 3)" in text, text  # the rank named
+    assert "hung (--hang-timeout, status 124): no rank stepped for" in text, text  # headline
+    assert "no output and no CPU use" not in text, text  # it printed and computed (issue 35)
     assert any("is busy but takes no step" in line for line in out)  # it did print
     assert "the ranks' stacks" in text and "stall_forever (stepper.py:" in text, text
     assert_clean(job)

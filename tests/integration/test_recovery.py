@@ -33,6 +33,8 @@ def test_crash_loop_stops_after_k_attempts(job: Job) -> None:
     assert attempts(job) == {0, 1, 2}
     assert "restarting all ranks (restart 2 of 10)" in res.stderr
     assert "not restarting: a crash loop: 3 attempts in a row failed this way" in res.stderr
+    assert res.stderr.count("not restarting") == 1, res.stderr  # once, not before the report
+    assert "up to 10 restarts (--max-restarts), but 3 attempts in a row" in res.stderr  # at start
     assert f"job {job.id} failed in a crash loop (--crash-loop): rank " in res.stderr
     record = job.record()
     assert (record["GPULAUNCH_CAUSE"], record["GPULAUNCH_STATUS"]) == ("crash-loop", "80")
@@ -114,4 +116,38 @@ def test_without_preempt_grace_the_checkpoint_is_cut_at_grace(job: Job) -> None:
     res, _ = preempt(job)
     assert res.returncode == 143, res.stderr
     assert not list(job.dir.glob("ckpt*.json"))
+    assert_clean(job)
+
+
+@pytest.mark.parametrize("supervisor", ["systemd", "direct"])
+@pytest.mark.parametrize("preempt_grace", [None, "15"])
+def test_an_interrupt_during_a_restarts_gang_stop_wins(
+    job: Job, supervisor: str, preempt_grace: str | None
+) -> None:
+    """issue 35 item 8: rank 1 exits 3 (--max-restarts 2), rank 0 takes 3 s to stop; SIGTERM
+    to gpulaunch while it stops: 143 (79 with --preempt-grace), rank 0 saved within its
+    grace, nothing restarted, the report names the signal."""
+    opts = ["--nproc", "2", "--max-restarts", "2", "--grace", "10", "--supervisor", supervisor]
+    opts += ["--preempt-grace", preempt_grace] if preempt_grace else []
+    proc = job.popen(*opts, script=CHECKPOINT, script_args=[
+        "--save", "3", "--exit", "3", "--exit-rank", "1"])  # fmt: skip
+    job.wait_file("term0")  # rank 1 failed, the gang stops: rank 0 got its SIGTERM
+    os.kill(job.box.inner_pid(proc), signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == (79 if preempt_grace else 143), err
+    assert attempts(job) == {0}
+    assert "restarting all ranks" not in err
+    assert "not restarting: the job was interrupted while its ranks stopped" in err
+    assert err.count("not restarting") == 1, err
+    ckpt = json.loads((job.dir / "ckpt0.json").read_text())  # not SIGKILLed: it saved
+    assert ckpt["saved_in"] >= 3.0, ckpt
+    record = job.record()
+    if preempt_grace:
+        assert f"job {job.id} preempted (status 79: requeue it)" in err
+        assert "SIGTERM: preempted while the ranks stop" in err
+        assert ckpt["grace"] == "15", ckpt  # told of the preemption's grace
+        assert (record["GPULAUNCH_CAUSE"], record["GPULAUNCH_STATUS"]) == ("preempted", "79")
+    else:
+        assert f"job {job.id} stopped by SIGTERM (status 143)" in err
+        assert (record["GPULAUNCH_CAUSE"], record["GPULAUNCH_STATUS"]) == ("interrupted", "143")
     assert_clean(job)

@@ -116,3 +116,37 @@ def test_every_torchrun_option_is_taken_or_refused_with_a_hint(
 def test_torchrun_spellings(argv: list[str], dest: str, value: object) -> None:
     args = cli.build_parser().parse_args(["start", *argv, "train.py"])
     assert getattr(args, dest) == value
+
+
+@pytest.mark.parametrize("nnodes", ["2", "1:2"])
+def test_standalone_with_several_nodes_is_refused(
+    nnodes: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 35: `--standalone --nnodes 2` waited for a second node: one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    code, _, err = run(["start", "--standalone", "--nnodes", nnodes, "train.py"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(
+        f"gpulaunch: error: --standalone is one node: it cannot be --nnodes {nnodes}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [  # (the first word is named: the option, or the script)
+        (["--nproc-per-node", "2", "x.py"], "gpulaunch start --nproc-per-node 2 x.py"),
+        (["--debug", "--nproc=2", "x.py", "--lr", "3"], "gpulaunch start --nproc=2 x.py --lr 3"),
+        (["train.py"], "gpulaunch start train.py"),
+    ],
+)
+def test_a_forgotten_start_is_named(
+    argv: list[str], meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """issue 35: torchrun's line without `start` said "invalid choice: '2'"."""
+    code, _, err = run(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("gpulaunch: error: '") and err.endswith(
+        f"' is not a command; did you mean `{meant}`?\n"
+    ), err
+    assert "Traceback" not in err

@@ -82,6 +82,18 @@ def test_bash_completes_the_script_the_log_dir_and_job_ids(
         ], command
 
 
+def test_no_launcher_option_is_offered_after_the_script(
+    generated: dict[str, Path], tmp_path: Path
+) -> None:
+    """issue 35: after the script's name a word is the script's own argument: `--np<TAB>`
+    there completed to --nproc, which would reach the script, not gpulaunch."""
+    (tmp_path / "train.py").write_text("")
+    assert complete(generated, tmp_path, "gpulaunch start train.py --np") == []
+    assert complete(generated, tmp_path, "gpulaunch start --nproc 2 train.py --lr 3 -") == []
+    assert "--nproc" in complete(generated, tmp_path, "gpulaunch start --np")  # before it: ours
+    assert complete(generated, tmp_path, "gpulaunch start train.py --lr 3 tra") == ["train.py"]
+
+
 def test_zsh_completes_the_same(generated: dict[str, Path]) -> None:
     zsh = generated["_gpulaunch"].read_text()
     assert ":the training script (run with this Python):_files" in zsh

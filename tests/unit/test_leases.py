@@ -115,6 +115,26 @@ def test_too_many_gpus_asked_for(machine: Path) -> None:
         take(opts(machine, 3), LeaseRequest(3))
 
 
+def test_auto_gpus_on_a_machine_without_gpus_is_unavailable_69(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 35: `--gpus auto:1` without GPUs exited 2 where the README says 69."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    empty = write_fake_machine(tmp_path / "none", [])
+    for plan in (unleased, take):
+        with pytest.raises(UnavailableError, match="this machine has 0 GPU") as raised:
+            plan(opts(empty), LeaseRequest(1))
+        assert raised.value.exit_code == 69
+    with pytest.raises(UnavailableError, match="this machine has 2 GPU"):
+        take(opts(machine_of(tmp_path), 3), LeaseRequest(3))
+
+
+def machine_of(tmp_path: Path) -> Path:
+    return write_fake_machine(
+        tmp_path / "two", [FakeGpu(BUSES[0], 0, UUIDS[0]), FakeGpu(BUSES[1], 1, UUIDS[1])]
+    )
+
+
 HOLDER = """
 import sys
 from pathlib import Path

@@ -323,3 +323,40 @@ def test_a_hang_by_steps_names_who_is_behind() -> None:
     )
     assert behind({0: 7, 1: 7}) == "every rank at step 7"
     assert behind({0: 7, 1: None, 2: None}) == "rank 0 at step 7; ranks 1, 2 never stepped"
+
+
+def test_a_hang_by_steps_has_a_headline_of_steps_not_of_silence(tmp_path: Path) -> None:
+    """issue 35: ranks that print and compute but never step were reported as "no output and
+    no CPU use": the headline says what was measured, the steps."""
+    from gpulaunch.model import Cause, JobReport
+    from gpulaunch.report import headline
+    from gpulaunch.watcher.hangwatch import HangWatch
+
+    a, b = Rank(spec=RankSpec(0, 0, "u", (), {})), Rank(spec=RankSpec(1, 1, "v", (), {}))
+    clock = [100.0]
+    a.steps = StepInfo(step=3, total=None, at=100.0, steps_per_second=None, step_seconds=None)
+    b.steps = StepInfo(step=2, total=None, at=100.0, steps_per_second=None, step_seconds=None)
+    watch = HangWatch(0.01, False, lambda: clock[0], lambda: clock[0], tmp_path / "s", "py-spy")
+    aio = asyncio.new_event_loop()
+    hung = aio.create_future()
+    try:
+        clock[0] = 99.0  # the attempt began before the steps
+        watch.start(aio, lambda: [a, b], hung.set_result)
+        clock[0] = 200.0  # printing, computing, but no step since
+        aio.run_until_complete(asyncio.wait_for(hung, 10))
+    finally:
+        aio.close()
+    assert hung.result().endswith(
+        "no rank stepped for 100.0 s (rank 1 at step 2, behind the others' 3)"
+    )
+    report = JobReport("j", 124, Cause.HUNG, None, None, hang=watch.summary)
+    line = headline(report)
+    assert "no output and no CPU use" not in line, line
+    assert line == (
+        "gpulaunch: job j hung (--hang-timeout, status 124): no rank stepped for 100.0 s "
+        "(rank 1 at step 2, behind the others' 3)"
+    )
+    silent = headline(JobReport("j", 124, Cause.HUNG, None, None))  # by output and CPU: as ever
+    assert (
+        silent == "gpulaunch: job j hung: no output and no CPU use for --hang-timeout (status 124)"
+    )

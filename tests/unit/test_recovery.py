@@ -171,7 +171,10 @@ def test_decide_with_other_policies() -> None:
     two = RestartPolicy(crash_loop=2, progress_after=1.0)
     assert decide(two, 5, [EXIT1, EXIT1]).restart  # each ran 2 s: progress
     assert decide(RestartPolicy(crash_loop=2), 5, [EXIT1, EXIT1]).verdict is Verdict.CRASH_LOOP
-    assert decide(RestartPolicy(), 5, [EXIT1], stopping=True).verdict is Verdict.STOPPING
+    # interrupted while a restart was due: the interrupt wins (issue 35 item 8); none due: stops
+    assert decide(RestartPolicy(), 5, [EXIT1], stopping=True).verdict is Verdict.INTERRUPTED
+    assert decide(RestartPolicy(), 0, [EXIT1], stopping=True).verdict is Verdict.STOPPING
+    assert decide(RestartPolicy(), 5, [CONFIG], stopping=True).verdict is Verdict.STOPPING
     assert crash_loop_length(RestartPolicy(), []) == 0
 
 
@@ -194,6 +197,26 @@ def test_tracker_outcomes() -> None:
     assert rec.outcome(failed) == failed
     assert rec.after(interrupted, {}, stopping=True) is None  # no failure: no restart
     assert rec.line is None and said == []
+
+
+def test_an_interrupt_wins_over_a_due_restart() -> None:
+    """issue 35 item 8: a rank failed, a restart was due, an interrupt came while the gang
+    stopped: the job ends by the interrupt (143), or preempted (79), never by the rank's 3."""
+    failed, exits = Outcome(3, Cause.RANK_FAILED, 1), {1: rank_exit(code=3)}
+    rec = Recovery(2, RecoveryOptions())
+    decision = rec.after(failed, exits, stopping=True)
+    assert decision is not None and not decision.restart
+    assert rec.outcome(failed, (5.0, signal.SIGTERM)) == Outcome(143, Cause.INTERRUPTED, None)
+    assert rec.line is not None and "not restarting: the job was interrupted" in rec.line
+    rec = Recovery(2, RecoveryOptions(preempt=PreemptPolicy(grace=30)))
+    assert rec.preempted(signal.SIGTERM, 5.0)
+    rec.after(failed, exits, stopping=False)  # (the watcher says stopping; preempted_at does too)
+    assert rec.outcome(failed, (5.0, signal.SIGTERM)) == Outcome(
+        PREEMPTED_STATUS, Cause.PREEMPTED, None
+    )
+    rec = Recovery(0, RecoveryOptions())  # no restart was due: the failure came first, it stays
+    rec.after(failed, exits, stopping=True)
+    assert rec.outcome(failed, (5.0, signal.SIGTERM)) == failed
 
 
 def test_preempt_policy(tmp_path: Path) -> None:
@@ -311,3 +334,11 @@ def test_a_preempted_job_is_stopped_not_failed() -> None:
 
     assert JobState.of_cause(Cause.PREEMPTED, PREEMPTED_STATUS) is JobState.STOPPED
     assert JobState.of_cause(Cause.CRASH_LOOP, CRASH_LOOP_STATUS) is JobState.FAILED
+
+
+def test_the_start_line_says_a_crash_loop_can_end_restarts_early() -> None:
+    """issue 35: --max-restarts 5 may end after 2 restarts (--crash-loop 3): said at start."""
+    note = RestartPolicy().start_note(5) or ""
+    assert note.startswith("up to 5 restarts (--max-restarts), but 3 attempts in a row")
+    assert RestartPolicy().start_note(2) is None  # spent before any crash loop could end it
+    assert RestartPolicy(crash_loop=0).start_note(5) is None
