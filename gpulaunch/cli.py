@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args: argparse.Namespace | None = None
     try:
         argv = unpack_argv(sys.argv[1:] if argv is None else argv)
-        forgot_start(list(argv), parser)  # `gpulaunch --nproc-per-node 2 x.py`: start's
+        forgot_start(list(argv), parser)  # `gpulaunch --nproc-per-node 2 train.py`: start's
         args = parser.parse_args(argv)
         debug = bool(args.debug)
         _check_text(args)

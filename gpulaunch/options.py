@@ -472,8 +472,8 @@ def output_options(args: argparse.Namespace) -> OutputOptions:
 
 
 def forgot_start(argv: list[str], parser: argparse.ArgumentParser) -> None:
-    """torchrun's habit with no command: `gpulaunch --nproc-per-node 2 x.py`, `gpulaunch
-    x.py`. One line that says what was meant (UsageError), before argparse's "invalid
+    """torchrun's habit with no command: `gpulaunch --nproc-per-node 2 train.py`, `gpulaunch
+    train.py`. One line that says what was meant (UsageError), before argparse's "invalid
     choice" for a word that is not the command at all."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     first = next((a for a in argv if a not in parser._option_string_actions), None)

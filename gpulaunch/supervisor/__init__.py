@@ -32,8 +32,8 @@ Modules: `systemd.py`, the systemd supervisor (scopes and slices), and
 manager that does not answer yet, `anchor.py` for the job's anchor service;
 `direct.py`, the direct supervisor (the watcher's own cgroups or process groups),
 with `cgroups.py` and `pgroups.py` under it and `keeper.py`, what outlives its
-watcher; `choose.py`, which supervisor a job gets (`--supervisor`), and what it
-guarantees; `restartcheck.py`, the check each restart's ranks must pass.
+watcher (and `sentinel.py`, what outlives both the watcher and the keeper);
+`choose.py`, which supervisor a job gets (`--supervisor`), and what it guarantees; `restartcheck.py`, the check each restart's ranks must pass.
 """
 
 from __future__ import annotations

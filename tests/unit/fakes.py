@@ -375,3 +375,17 @@ def write(directory: Path, name: str, text: str) -> Path:
 
 def marker_template(marker: str) -> str:
     return f"[Unit]\nDescription={marker}\n[Slice]\n"
+
+
+def record_view(state: JobState, pid: int | None = None, job: str = "j") -> JobView:
+    """A one-rank job as a record file keeps it (jobapi/filerecord.py)."""
+    rank = RankView(
+        rank=0, local_rank=0, unit="u", pid=5, state="running", exit_code=-1, signal=0,
+        stopped_by_watcher=False, status=-1, runtime=0.0,
+    )  # fmt: skip
+    return JobView(
+        job=job, slice="s", manager="user", owner=os.getuid(),
+        watcher_pid=os.getpid() if pid is None else pid, state=state, world_size=1,
+        ranks=(rank,), status=0 if state.ended else -1,
+        cause="succeeded" if state.ended else "",
+    )  # fmt: skip

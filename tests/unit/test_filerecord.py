@@ -12,22 +12,9 @@ from pathlib import Path
 import pytest
 
 from gpulaunch.jobapi import filerecord, procid
-from gpulaunch.jobapi.rankview import RankView
-from gpulaunch.jobapi.view import JobState, JobView
+from gpulaunch.jobapi.view import JobState
 from gpulaunch.watcher import errorfile
-
-
-def _view(state: JobState, pid: int | None = None, job: str = "j") -> JobView:
-    rank = RankView(
-        rank=0, local_rank=0, unit="u", pid=5, state="running", exit_code=-1, signal=0,
-        stopped_by_watcher=False, status=-1, runtime=0.0,
-    )  # fmt: skip
-    return JobView(
-        job=job, slice="s", manager="user", owner=os.getuid(),
-        watcher_pid=os.getpid() if pid is None else pid, state=state, world_size=1,
-        ranks=(rank,), status=0 if state.ended else -1,
-        cause="succeeded" if state.ended else "",
-    )  # fmt: skip
+from tests.unit.fakes import record_view as _view
 
 
 @pytest.fixture

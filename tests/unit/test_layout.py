@@ -54,6 +54,8 @@ LONG_BECAUSE = {
     "rendezvous rounds, the store's failure record, the watcher's commands",
     "gpulaunch.frontend.run": "the front end's one loop: create the watcher's service, "
     "relay signals and output, exit as the watcher did",
+    "gpulaunch.jobapi.commands": "every job command (list, status, stop, wait, signal) over "
+    "both ways a job is found: its D-Bus object while it runs, its record after",
     "gpulaunch.jobapi.publisher": "the job's D-Bus object: its properties, methods and "
     "signals (io.gpulaunch.Job1, docs/dbus.md), served while the job runs",
 }

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpulaunch.jobapi import filerecord, leftovers, procid
 from gpulaunch.jobapi.view import JobState
-from tests.unit.test_filerecord import _view
+from tests.unit.fakes import record_view as _view
 
 
 def _dead_identity() -> procid.Identity:
