@@ -33,7 +33,8 @@ manager that does not answer yet, `anchor.py` for the job's anchor service;
 `direct.py`, the direct supervisor (the watcher's own cgroups or process groups),
 with `cgroups.py` and `pgroups.py` under it and `keeper.py`, what outlives its
 watcher (and `sentinel.py`, what outlives both the watcher and the keeper);
-`choose.py`, which supervisor a job gets (`--supervisor`), and what it guarantees; `restartcheck.py`, the check each restart's ranks must pass.
+`choose.py`, which supervisor a job gets (`--supervisor`), and what it guarantees;
+`restartcheck.py`, the check each restart's ranks must pass.
 """
 
 from __future__ import annotations
