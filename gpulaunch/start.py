@@ -345,7 +345,7 @@ def _contain(
     # and a bus is welcome but not needed.
     observers = (
         *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
-        *((FileRecorder(warn),) if unpublished else ()),
+        *((FileRecorder(warn, keeper=keeper.pid if keeper else None),) if unpublished else ()),
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
     )

@@ -232,10 +232,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
         outcome = _with_client(manager, lambda c: c.stop_job(job, block=not args.no_block))
     except KeyboardInterrupt:  # the stop was asked for (or not); the job goes on ending
         return 130
-    except NoSystemdError:  # no bus (a user manager without one, issue 29): the record file
-        if os.geteuid() == 0:  # root never signals a pid that a file under $HOME names
+    except NoSystemdError as exc:  # no bus (a container, CI, a user without one): the record
+        if whose.other() is not None:  # root for a user: never a record file of theirs
             raise
-        return _stop_by_record(job, manager, block=not args.no_block)
+        return _stop_by_record(job, manager, block=not args.no_block, unreachable=exc)
+    if outcome is not None and outcome.final is None and not outcome.running:
+        if whose.other() is None and _live_record(job) is not None:  # a direct job, no API
+            return _stop_by_record(job, manager, block=not args.no_block)
     if outcome is None:
         print(f"gpulaunch: job {job} is stopping", file=sys.stderr)
         return 0
@@ -246,15 +249,28 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_by_record(job: str, manager: Manager, block: bool) -> int:
+def _live_record(job: str) -> filerecord.FileRecord | None:
+    """This node's record of a job that it says runs (the caller's own records only)."""
+    found = filerecord.find_record(job)
+    return None if found is None or found.view.state.ended else found
+
+
+def _stop_by_record(
+    job: str, manager: Manager, block: bool, unreachable: NoSystemdError | None = None
+) -> int:
     """`stop` without a bus: SIGTERM to the watcher its record file names (its graceful stop,
     as `Stop()` on the bus), through a checked pidfd of that very watcher, then, blocking,
-    the record's final report."""
+    the record's final report once the watcher and its keeper are gone (nothing left).
+
+    Root reads root's records only (/run/gpulaunch/jobs, checked as root's and written by
+    root alone: filerecord.py), never a file under $HOME; an ordinary user their own."""
     import signal
 
     found = filerecord.find_record(job)
-    if found is None or found.view.state.ended:
-        raise record.unknown_job(job, manager)
+    if found is None:
+        raise _unknown(job, manager, unreachable)
+    if found.view.state.ended:
+        raise _ended(job, found.view)
     try:
         if not filerecord.send_signal(found, signal.SIGTERM):
             raise _lost(job, found)
@@ -340,12 +356,20 @@ def _live(view: JobView) -> str:
 
 
 def cmd_signal(args: argparse.Namespace) -> int:
-    """`gpulaunch signal JOB SIG [--rank N]`: a notice to the ranks; the job goes on."""
+    """`gpulaunch signal JOB SIG [--rank N]`: a notice to the ranks (the job goes on), or
+    SIGTERM/SIGINT to the job's watcher (it stops the job, as on that signal)."""
     import signal as signals
 
     manager: Manager = args.manager
     signum = int(args.signal)
     rank = -1 if args.rank is None else args.rank
+    name = signals.Signals(signum).name
+    stop = signum in (signals.SIGTERM, signals.SIGINT)
+    if stop and rank >= 0:
+        raise UsageError(
+            f"--rank: {name} stops the whole job, not one rank",
+            f"leave out --rank, or send a notice (USR1, USR2) to rank {rank}",
+        )
     unreachable: NoSystemdError | None = None
     try:
         sent = _with_client(manager, lambda c: c.signal(args.job, signum, rank))
@@ -376,6 +400,8 @@ def cmd_signal(args: argparse.Namespace) -> int:
                 "only the user who started a job, or root, may signal it",
             ) from None
         sent = found.view.world_size
-    name = signals.Signals(signum).name
+    if stop:  # the watcher stops the job as on that signal ('gpulaunch wait' tells how)
+        print(f"gpulaunch: job {args.job}: {name} sent to its watcher", file=sys.stderr)
+        return 0
     print(f"gpulaunch: job {args.job}: {name} sent to {sent} rank(s)", file=sys.stderr)
     return 0
