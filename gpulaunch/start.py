@@ -48,6 +48,7 @@ from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, kept
+from gpulaunch.watcher.launcher import LAUNCHER_ENV, launcher_of
 from gpulaunch.watcher.limits import check_job_fits
 from gpulaunch.watcher.observers import Observer
 
@@ -186,6 +187,7 @@ class _Entry:
     no_bus: str = ""  # why the job API is not on D-Bus: a user manager without a user bus
     front_end: str | None = None  # our front end, when we are its watcher (frontend/tether.py)
     frontend: UserManager | None = None  # run the watcher as the front end's service of this
+    launcher: str | None = None  # our front end without a bus name (watcher/launcher.py)
 
 
 def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _Entry:
@@ -197,8 +199,9 @@ def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _En
         check_job_fits(opts.nproc, log_dir=view.log_dir is not None)
     # A front end's identity is its watcher's alone, never a rank's (frontend/tether.py).
     front_end = os.environ.pop("GPULAUNCH_FRONTEND", None) if frontend_child else None
+    launcher = os.environ.pop(LAUNCHER_ENV, None) if frontend_child else None  # launcher.py
     if opts.manager is not Manager.USER or not systemd_wanted(opts.supervisor, os.environ):
-        return _Entry(front_end=front_end)
+        return _Entry(front_end=front_end, launcher=launcher)
     from gpulaunch.base.userbus import NO_BUS_LINE, find_user_manager
     from gpulaunch.frontend.need import needs_frontend
 
@@ -210,8 +213,8 @@ def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _En
         found = None  # auto: the direct supervisor (supervisor/choose.py says why)
     no_bus = NO_BUS_LINE.format(why=found.no_bus) if found is not None and found.peer else ""
     if found is not None and not frontend_child and needs_frontend(opts.manager):
-        return _Entry(no_bus, front_end, frontend=found)
-    return _Entry(no_bus, front_end)
+        return _Entry(no_bus, front_end, frontend=found, launcher=launcher)
+    return _Entry(no_bus, front_end, launcher=launcher)
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,7 @@ class _Contained:
     journal: bool  # journald is reachable: the report counts what it dropped
     announce: Callable[[], None]  # once the job's units exist
     gate: Gate | None = None  # the GPUs' health gate, open for the restarts and the accounting
+    why_signalled: Callable[[int], str | None] = lambda signum: None  # watcher/launcher.py
 
 
 def _contain(
@@ -349,7 +353,9 @@ def _contain(
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
     )
-    return _Contained(chosen, observers, publisher, journal, announce, gate)
+    launcher = launcher_of(keeper.pid if keeper else None, entry.front_end or entry.launcher)
+    why = launcher.why if launcher is not None else (lambda signum: None)
+    return _Contained(chosen, observers, publisher, journal, announce, gate, why)
 
 
 def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobReport:
@@ -382,6 +388,7 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
         recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
     )
     contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
+    watcher.why_signalled = contained.why_signalled
     watcher.finish = lambda report: _report(report, spec, output, watcher, started, contained)
     return watcher.run()
 

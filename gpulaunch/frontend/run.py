@@ -67,6 +67,7 @@ from gpulaunch.frontend.unit import (
 from gpulaunch.jobapi import record
 from gpulaunch.model import JobSpec, Manager
 from gpulaunch.units.definitions import JobUnits
+from gpulaunch.watcher.launcher import LAUNCHER_ENV
 
 _SYSTEMD = "org.freedesktop.systemd1"
 _MANAGER_PATH = "/org/freedesktop/systemd1"
@@ -304,6 +305,8 @@ class _FrontEnd:
         env, dropped = environment(os.environ)
         if self.name is not None:  # its watcher stops if we end before our name holds it
             env.append(f"{tether.ENV}={tether.identity(os.getpid())}")
+        elif not self.detach:  # no name: a tie stops it; it names us as why (launcher.py)
+            env.append(f"{LAUNCHER_ENV}={tether.identity(os.getpid())}")
         if dropped:
             print(
                 f"gpulaunch: warning: systemd takes no environment variable named like "

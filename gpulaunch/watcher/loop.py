@@ -82,6 +82,8 @@ class Watcher(EventLoop):
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
         self.interrupted_by: str | None = None
         self._signalled = False  # a first SIGINT/SIGTERM/SIGHUP came: the next one kills
+        # what a signal to us was, if not a stop someone asked for (watcher/launcher.py)
+        self.why_signalled: Callable[[int], str | None] = lambda signum: None
         self.stop_issued = False
         self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
@@ -318,7 +320,7 @@ class Watcher(EventLoop):
             # too: that one is still the first signal, not a second interrupt.
             elif not self._signalled:
                 self._signalled = True
-                self._interrupted(signum, None)
+                self._interrupted(signum, self.why_signalled(signum))
             else:
                 self._kill_now()
 

@@ -154,3 +154,28 @@ def test_root_never_acts_on_a_users_record(ct: Container, work: Path) -> None:
     assert "ALIVE" in section(out, "alive"), out  # the user's job was not touched
     assert "rc stop=0" in out and "job uj stopped by SIGTERM (status 143)" in out, out
     assert_nothing_left(out.split("rc stop=", 1)[1], ct)
+
+
+def test_a_sigkilled_launcher_is_named_in_the_report(ct: Container, work: Path) -> None:
+    """The keeper (the pid the shell knows) SIGKILLed: the watcher stops the job as on a
+    SIGTERM (PR_SET_PDEATHSIG), and its report says why, not "stopped by SIGTERM"."""
+    start = tool(
+        work, "root", "start", "--nproc", "2", "--job", "kj", "--grace", "5",
+        RANK_SCRIPT, "--dir", str(work), "--sleep", "300",
+    )  # fmt: skip
+    ready = f"while [ ! -e {work}/rank0.ready ] || [ ! -e {work}/rank1.ready ]; do sleep 0.05; done"
+    res = ct.run(
+        f"{start} >{work}/start.out 2>&1 & k=$!; {ready}; kill -KILL $k; echo keeper=$k; "
+        + run(
+            work,
+            ("wait", tool(work, "root", "wait", "kj")),
+            ("status", tool(work, "root", "status", "kj")),
+        )  # fmt: skip
+    )
+    out = res.stdout
+    keeper = out.split("keeper=", 1)[1].split()[0]
+    assert "rc wait=143" in out, out
+    said = f"job kj stopped by the death of its launcher (pid {keeper}) (status 143)"
+    assert said in section(out, "status") and said in section(out, "wait"), out
+    assert "stopped by SIGTERM" not in out, out
+    assert_nothing_left(out, ct)
