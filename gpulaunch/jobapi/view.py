@@ -301,6 +301,7 @@ class JobView:
             "RankEnds": ("a" + RANK_END_SIGNATURE, [e for r in self.ranks if (e := r.end_wire())]),
             "Steps": ("a" + STEPS_SIGNATURE, [w for r in self.ranks if (w := steps_wire(r))]),
             "Stragglers": ("ai", [r.rank for r in self.ranks if r.steps and r.steps.straggler]),
+            "InterruptedBy": ("s", self.interrupted_by),
         }
 
     @classmethod
@@ -325,6 +326,7 @@ class JobView:
             cause_host=str(props.get("CauseHost", "")),
             cause_what=str(props.get("CauseWhat", "")),
             last_output=tuple(int(t) for t in props.get("LastOutput", ())),
+            interrupted_by=str(props.get("InterruptedBy", "")),
         )
 
 
