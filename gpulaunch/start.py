@@ -48,7 +48,7 @@ from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, kept
-from gpulaunch.watcher.launcher import LAUNCHER_ENV, launcher_of
+from gpulaunch.watcher.launcher import tell, why_signalled
 from gpulaunch.watcher.limits import check_job_fits
 from gpulaunch.watcher.observers import Observer
 
@@ -187,7 +187,6 @@ class _Entry:
     no_bus: str = ""  # why the job API is not on D-Bus: a user manager without a user bus
     front_end: str | None = None  # our front end, when we are its watcher (frontend/tether.py)
     frontend: UserManager | None = None  # run the watcher as the front end's service of this
-    launcher: str | None = None  # our front end without a bus name (watcher/launcher.py)
 
 
 def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _Entry:
@@ -199,9 +198,8 @@ def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _En
         check_job_fits(opts.nproc, log_dir=view.log_dir is not None)
     # A front end's identity is its watcher's alone, never a rank's (frontend/tether.py).
     front_end = os.environ.pop("GPULAUNCH_FRONTEND", None) if frontend_child else None
-    launcher = os.environ.pop(LAUNCHER_ENV, None) if frontend_child else None  # launcher.py
     if opts.manager is not Manager.USER or not systemd_wanted(opts.supervisor, os.environ):
-        return _Entry(front_end=front_end, launcher=launcher)
+        return _Entry(front_end=front_end)
     from gpulaunch.base.userbus import NO_BUS_LINE, find_user_manager
     from gpulaunch.frontend.need import needs_frontend
 
@@ -213,8 +211,8 @@ def _enter(opts: StartOptions, view: OutputOptions, frontend_child: bool) -> _En
         found = None  # auto: the direct supervisor (supervisor/choose.py says why)
     no_bus = NO_BUS_LINE.format(why=found.no_bus) if found is not None and found.peer else ""
     if found is not None and not frontend_child and needs_frontend(opts.manager):
-        return _Entry(no_bus, front_end, frontend=found, launcher=launcher)
-    return _Entry(no_bus, front_end, launcher=launcher)
+        return _Entry(no_bus, front_end, frontend=found)
+    return _Entry(no_bus, front_end)
 
 
 @dataclass(frozen=True)
@@ -297,7 +295,7 @@ class _Contained:
     journal: bool  # journald is reachable: the report counts what it dropped
     announce: Callable[[], None]  # once the job's units exist
     gate: Gate | None = None  # the GPUs' health gate, open for the restarts and the accounting
-    why_signalled: Callable[[int], str | None] = lambda signum: None  # watcher/launcher.py
+    why: Callable[[int], str | None] = lambda signum: None  # a signal: why (watcher/launcher.py)
 
 
 def _contain(
@@ -345,16 +343,13 @@ def _contain(
         last_output=output.last_line_at,
         optional=unpublished,
     )
-    # the records first: Finished says they exist. Without systemd, a record file too,
-    # and a bus is welcome but not needed.
-    observers = (
+    observers = (  # the records first: Finished says they exist. No systemd: a record file
         *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
         *((FileRecorder(warn, keeper=keeper.pid if keeper else None),) if unpublished else ()),
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
     )
-    launcher = launcher_of(keeper.pid if keeper else None, entry.front_end or entry.launcher)
-    why = launcher.why if launcher is not None else (lambda signum: None)
+    why = why_signalled(keeper.pid if keeper else None, entry.front_end)
     return _Contained(chosen, observers, publisher, journal, announce, gate, why)
 
 
@@ -388,7 +383,7 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
         recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
     )
     contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
-    watcher.why_signalled = contained.why_signalled
+    tell(watcher, contained.why, contained.chosen)  # what its signals and its ranks' place are
     watcher.finish = lambda report: _report(report, spec, output, watcher, started, contained)
     return watcher.run()
 

@@ -67,7 +67,6 @@ from gpulaunch.frontend.unit import (
 from gpulaunch.jobapi import record
 from gpulaunch.model import JobSpec, Manager
 from gpulaunch.units.definitions import JobUnits
-from gpulaunch.watcher.launcher import LAUNCHER_ENV
 
 _SYSTEMD = "org.freedesktop.systemd1"
 _MANAGER_PATH = "/org/freedesktop/systemd1"
@@ -306,7 +305,7 @@ class _FrontEnd:
         if self.name is not None:  # its watcher stops if we end before our name holds it
             env.append(f"{tether.ENV}={tether.identity(os.getpid())}")
         elif not self.detach:  # no name: a tie stops it; it names us as why (launcher.py)
-            env.append(f"{LAUNCHER_ENV}={tether.identity(os.getpid())}")
+            env.append(f"{tether.ENV}={tether.identity(os.getpid())}{tether.UNTIED}")
         if dropped:
             print(
                 f"gpulaunch: warning: systemd takes no environment variable named like "

@@ -199,7 +199,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     elif view.state.ended:
         ended = f", ended {_when(view.ended_at)}" if view.ended_at else ""
-        print(format_report(view.report()) + f"\n  ({view.slice}, {view.manager} manager{ended})")
+        where, held = view.placement()
+        print(format_report(view.report()) + f"\n  ({where}, {held}{ended})")
         for line in final_steps(view.ranks):  # what the ranks said of their steps, if any
             print("  " + line)
     else:
@@ -322,10 +323,10 @@ def _when(usec: int) -> str:
 
 
 def _live(view: JobView) -> str:
+    where, held = view.placement()
     head = (
         f"gpulaunch: job {view.job}: {view.state.value}, {count(len(view.ranks), 'rank')} "
-        f"in {view.slice} "
-        f"({view.manager} manager, watcher pid {view.watcher_pid}, uid {view.owner})"
+        f"in {where} ({held}, watcher pid {view.watcher_pid}, uid {view.owner})"
     )
     header = ("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")
     stepping = any(r.steps is not None for r in view.ranks)  # gpulaunch/progress/
@@ -342,7 +343,7 @@ def _live(view: JobView) -> str:
                 r.state,
                 ex.describe() if ended and ex is not None else "-",
                 ("stopped" if r.stopped_by_watcher else "exited") if ended else "-",
-                format_duration(r.runtime) if ended else "-",
+                format_duration(r.runtime) if ended else _running_for(view, r.pid),
                 *(step_cells(r.steps) if stepping else ()),
             )
         )
@@ -353,6 +354,17 @@ def _live(view: JobView) -> str:
         lines.append(f"  the job's first failure: {view.node_failure.describe()}")
     lines += ["  " + line for line in format_table(rows).splitlines()]
     return "\n".join(lines + ["  " + line for line in status_lines(view.ranks)])
+
+
+def _running_for(view: JobView, pid: int | None) -> str:
+    """A running rank's time so far, from its process: a child of the job's watcher here
+    (the watcher forks every rank), so never another process's time; "-" if unknown."""
+    from gpulaunch.jobapi.procid import running_for
+
+    if not pid or view.state.ended or not view.watcher_pid:
+        return "-"
+    seconds = running_for(pid, view.watcher_pid)
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def cmd_signal(args: argparse.Namespace) -> int:

@@ -201,7 +201,7 @@ def _read(fd: int, name: str) -> FileRecord | None:
             return None
         try:
             entry = json.loads(f.read(MAX_SIZE))
-            view = parse(entry)
+            view = replace(parse(entry), from_record=True)
         except (OSError, ValueError, TypeError, KeyError):
             return None
     if not isinstance(entry, dict):

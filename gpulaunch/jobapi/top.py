@@ -32,9 +32,10 @@ from gpulaunch.resources.view import render
 
 
 def title(view: JobView) -> str:
+    where, held = view.placement()
     return (
-        f"job {view.job}: {view.state.value}, {len(view.ranks)} ranks in {view.slice} "
-        f"({view.manager} manager, watcher pid {view.watcher_pid})"
+        f"job {view.job}: {view.state.value}, {len(view.ranks)} ranks in {where} "
+        f"({held}, watcher pid {view.watcher_pid})"
     )
 
 
@@ -91,8 +92,8 @@ class Top:
             self.ended = True
         jobs: list[tuple[str, JobSample]] = []
         for view in views:
-            ranks, known = targets(view)
-            jobs.append((title(view) + steps_table(view), self.sampler.sample(ranks, known)))
+            ranks, missing = targets(view)
+            jobs.append((title(view) + steps_table(view), self.sampler.sample(ranks, missing)))
         where = self.jobs.where
         if not jobs:
             footer = f"no job {self.job!r} on {where}" if self.job else f"no jobs on {where}"

@@ -13,13 +13,15 @@ reused pid is never taken for it.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpulaunch.jobapi.procid import Identity, boot_id, pid_namespace
 
-# "<pid>:<start time>" of a front end that has no bus name to tether its watcher with
-# (no user bus: a tie service stops the watcher when it ends); taken out by start.py
-LAUNCHER_ENV = "GPULAUNCH_LAUNCHER"
+if TYPE_CHECKING:
+    from gpulaunch.supervisor.choose import Chosen
+    from gpulaunch.watcher.loop import Watcher
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,26 @@ def _exiting(identity: Identity) -> bool:
 
 
 def launcher_of(keeper: int | None, front_end: str | None) -> Launcher | None:
-    """The keeper (its pid: our parent, now) or the front end ("pid:start", tether.py)."""
+    """The front end ("pid:start[:untied]", frontend/tether.py), else the keeper (its pid:
+    our parent, now), else None."""
     if front_end:
         pid, _, start = front_end.partition(":")
+        start = start.partition(":")[0]
         if pid.isdigit() and start.isdigit():
             return Launcher(Identity(int(pid), int(start), boot_id(), pid_namespace()))
     identity = Identity.of(keeper) if keeper else None
     return None if identity is None else Launcher(identity)
+
+
+def why_signalled(keeper: int | None, front_end: str | None) -> Callable[[int], str | None]:
+    """What a signal to the watcher was, if not a stop someone asked for (None: a stop)."""
+    launcher = launcher_of(keeper, front_end)
+    return launcher.why if launcher is not None else lambda signum: None
+
+
+def tell(watcher: Watcher, why: Callable[[int], str | None], chosen: Chosen) -> None:
+    """Tell the watcher what its signals can mean, and, under the direct supervisor (no unit,
+    no manager), where its ranks are instead: what its view says (jobapi/view.py)."""
+    watcher.why_signalled = why
+    if chosen.supervisor.name == "direct":
+        watcher.contained_in = chosen.where

@@ -179,3 +179,38 @@ def test_a_sigkilled_launcher_is_named_in_the_report(ct: Container, work: Path) 
     assert said in section(out, "status") and said in section(out, "wait"), out
     assert "stopped by SIGTERM" not in out, out
     assert_nothing_left(out, ct)
+
+
+def test_a_direct_jobs_tools_say_what_is_true(ct: Container, work: Path) -> None:
+    """Issue 35: for a job of the direct supervisor, `status` and `list` name its cgroup (or
+    process groups) and no manager, not a slice and a system manager that do not exist;
+    a running rank's runtime is its time so far, not "-"; `--resources` does not call the
+    same version "older"; the ranks get no GPULAUNCH_UNIT (there is no unit)."""
+    unit = "echo unit=${GPULAUNCH_UNIT-unset} job=$GPULAUNCH_JOB"
+    res = ct.run(
+        detached(work, "root", "tj")
+        + "; "
+        + run(
+            work,
+            ("status", tool(work, "root", "status", "tj")),
+            ("resources", tool(work, "root", "status", "tj", "--resources")),
+            ("list", tool(work, "root", "list")),
+            ("stop", tool(work, "root", "stop", "tj")),
+            ("ended", tool(work, "root", "status", "tj")),
+            ("env", tool(work, "root", "start", "--job", "ej", "--no-python", "sh", "-c", unit)),
+        )
+    )
+    out = res.stdout
+    where = "process groups" if ct.read_only else "cgroup /sys/fs/cgroup/gpulaunch-tj"
+    status = section(out, "status")
+    assert f"2 ranks in {where} (direct supervisor, no manager, watcher pid " in status, out
+    for name in ("status", "list", "ended"):
+        said = section(out, name)
+        assert ".slice" not in said and "system manager" not in said, out
+    running = [line.split() for line in status.splitlines() if " running " in line]
+    assert len(running) == 2 and all(row[-1] != "-" for row in running), status
+    assert f"({where}, direct supervisor, no manager, ended " in section(out, "ended"), out
+    resources = section(out, "resources")
+    assert "last output" in resources and "older gpulaunch" not in resources, out
+    assert "[0] unit=unset job=ej" in section(out, "env"), out
+    assert_nothing_left(out, ct)
