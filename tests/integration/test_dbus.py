@@ -176,6 +176,9 @@ def test_busctl_shows_the_running_job(job: Job) -> None:
         res = gl(job, "status", "--system", job.id, prefix=NOBODY)
         assert res.returncode == 0, res.stderr
         assert f"job {job.id}: running, 2 ranks" in res.stdout
+        # a running rank's runtime is its time so far (issue 35), not "-"
+        running = [line.split() for line in res.stdout.splitlines() if " running " in line]
+        assert len(running) == 2 and all(row[-1] != "-" for row in running), res.stdout
     finally:
         code, err = finish(job, proc)
     assert code == 143, err
