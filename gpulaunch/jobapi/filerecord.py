@@ -253,7 +253,10 @@ def wait(job: str, base: Path | None = None) -> JobView | None:
     found = find_record(job, base)
     if found is None or found.view.state.ended or found.watcher is None:
         return None if found is None else found.believed()
-    for process in (found.watcher, found.keeper):
+    # (a keeper that is PID 1, `exec gpulaunch start` in a container: its end is the pid
+    # namespace's, ours too: we return with the watcher's)
+    keeper = found.keeper if found.keeper is not None and found.keeper.pid != 1 else None
+    for process in (found.watcher, keeper):
         pidfd = None if process is None else process.pidfd()
         if pidfd is not None:
             try:
