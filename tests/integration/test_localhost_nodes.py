@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,17 +26,17 @@ def free_port() -> int:
         return port
 
 
-def test_two_launchers_of_one_job_on_one_machine_with_default_ids(box: Any) -> None:
+def two_launchers(box: Any, options: Callable[[int, str], list[str]]) -> list[str]:
+    """Start both nodes at once with no --job (`options(node, port)`); both must exit 0, each
+    rank in its own job's units. Their job ids, node 0's first."""
     work = SHARED / f"localhost-nodes-{uuid.uuid4().hex[:6]}"
-    work.mkdir(parents=True)
     port = str(free_port())
     for node in (0, 1):
-        (work / str(node)).mkdir()
+        (work / str(node)).mkdir(parents=True)
 
     def argv(node: int) -> list[str]:
         return [
-            GPULAUNCH, "start", "--nnodes", "2", "--node-rank", str(node),
-            "--master-addr", "127.0.0.1", "--master-port", port, "--nproc", "1",
+            GPULAUNCH, "start", "--nnodes", "2", *options(node, port), "--nproc", "1",
             "--grace", "5", RANK_SCRIPT, "--dir", str(work / str(node)), "--print",
         ]  # fmt: skip
 
@@ -44,19 +45,32 @@ def test_two_launchers_of_one_job_on_one_machine_with_default_ids(box: Any) -> N
     ended = [p.communicate(timeout=180) for p in procs]
     jobs = []
     try:
-        for node, (p, (out, err)) in enumerate(zip(procs, ended, strict=True)):
-            assert p.returncode == 0, err
-            assert "already running" not in err, err
+        for p, (out, err) in zip(procs, ended, strict=True):
             found = re.search(r"^gpulaunch: job (\S+): ", err, re.M)
-            assert found is not None, err
-            jobs.append(found.group(1))
-            assert f"node {node} of 2" in err, err
-            # the rank ran in its own job's units
-            names = UnitNames.for_job(found.group(1))
+            if found is not None:
+                jobs.append(found.group(1))
+            assert p.returncode == 0, err
+            assert "already running" not in err and found is not None, err
+            names = UnitNames.for_job(found.group(1))  # the rank ran in its own job's units
             assert f"/{names.job_slice}/{names.ranks_slice}/" in out, out
-        assert jobs[0] != jobs[1], jobs
-        assert [j.rsplit("-", 1)[1] for j in jobs] == ["node0", "node1"], jobs
-        assert jobs[0].rsplit("-", 1)[0] == jobs[1].rsplit("-", 1)[0]  # one run id
     finally:
         for j in jobs:
             box.run(["systemctl", "stop", UnitNames.for_job(j).job_slice], capture_output=True)
+    assert len(set(jobs)) == 2, jobs
+    assert jobs[0].rsplit("-", 1)[0] == jobs[1].rsplit("-", 1)[0]  # one run id
+    return jobs
+
+
+def test_two_launchers_of_one_job_on_one_machine_with_default_ids(box: Any) -> None:
+    jobs = two_launchers(
+        box, lambda node, port: ["--node-rank", str(node), "--master-addr", "127.0.0.1",
+                                 "--master-port", port],
+    )  # fmt: skip
+    assert [j.rsplit("-", 1)[1] for j in jobs] == ["node0", "node1"], jobs
+
+
+def test_two_c10d_launchers_on_one_machine_with_default_ids(box: Any) -> None:
+    """c10d numbers the nodes in the rendezvous: each launcher's id has a suffix of its own."""
+    two_launchers(
+        box, lambda node, port: ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    )
