@@ -109,10 +109,14 @@ def _add_job_commands(sub: Any) -> None:
     p.set_defaults(func=_cmd_wait)
 
     p = sub.add_parser(
-        "signal", help="pass SIGUSR1 or SIGUSR2 on to a job's ranks; the job goes on"
+        "signal",
+        help="pass SIGUSR1 or SIGUSR2 on to a job's ranks (the job goes on), or SIGTERM or "
+        "SIGINT to its watcher (the job stops, as on that signal)",
     )
     p.add_argument("job", metavar="JOB")
-    p.add_argument("signal", type=_notice, metavar="SIG", help="USR1 or USR2 (SIGUSR1, 10, ...)")
+    p.add_argument(
+        "signal", type=_notice, metavar="SIG", help="USR1, USR2, TERM or INT (SIGUSR1, 10, ...)"
+    )
     p.add_argument("--rank", type=_rank_number, metavar="N", help="only this (global) rank")
     add_manager_options(p, user_of=True)
     p.set_defaults(func=_cmd_signal)
@@ -136,15 +140,16 @@ def _add_job_commands(sub: Any) -> None:
 
 
 def _notice(text: str) -> int:
-    """SIGUSR1 or SIGUSR2, by name (with or without SIG) or number."""
+    """SIGUSR1 or SIGUSR2 (notices), or SIGTERM or SIGINT (stops), by name (with or without
+    SIG) or number."""
     import signal
 
     name = text.upper().removeprefix("SIG")
-    for notice in (signal.SIGUSR1, signal.SIGUSR2):
+    for notice in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
         if name in (notice.name.removeprefix("SIG"), str(int(notice))):
             return int(notice)
     raise argparse.ArgumentTypeError(
-        f"{text!r} is not a notice: USR1 or USR2 (stop a job with 'gpulaunch stop')"
+        f"{text!r} is not a notice (USR1, USR2) or a stop (TERM, INT); 'gpulaunch stop' stops a job"
     )
 
 

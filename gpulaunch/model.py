@@ -281,6 +281,9 @@ class JobProgress:
     attempt: int  # restarts of the whole gang so far
     watcher_pid: int
     node_failure: NodeFailure | None = None  # multi-node: the job's first failure, any node
+    # no systemd unit holds it (the direct supervisor): where its ranks are instead, its
+    # cgroup's path or "process groups"
+    contained_in: str | None = None
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, job_cgroup, kept
+from gpulaunch.watcher.launcher import tell, why_signalled
 from gpulaunch.watcher.limits import check_job_fits
 from gpulaunch.watcher.observers import Observer
 
@@ -294,6 +295,7 @@ class _Contained:
     journal: bool  # journald is reachable: the report counts what it dropped
     announce: Callable[[], None]  # once the job's units exist
     gate: Gate | None = None  # the GPUs' health gate, open for the restarts and the accounting
+    why: Callable[[int], str | None] = lambda signum: None  # a signal: why (watcher/launcher.py)
 
 
 def _contain(
@@ -343,16 +345,19 @@ def _contain(
         last_output=output.last_line_at,
         optional=unpublished,
     )
-    # the records first: Finished says they exist. Without systemd, a record file too,
-    # and a bus is welcome but not needed.
-    observers = (
+    observers = (  # the records first: Finished says they exist. No systemd: a record file
         *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
-        *((FileRecorder(warn, cgroup=job_cgroup(chosen)),) if unpublished else ()),
+        *(
+            (FileRecorder(warn, cgroup=job_cgroup(chosen), keeper=keeper.pid if keeper else None),)
+            if unpublished
+            else ()
+        ),
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
         publisher,
         *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map
     )
-    return _Contained(chosen, observers, publisher, journal, announce, gate)
+    why = why_signalled(keeper.pid if keeper else None, entry.front_end)
+    return _Contained(chosen, observers, publisher, journal, announce, gate, why)
 
 
 def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobReport:
@@ -385,6 +390,7 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
         recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
     )
     contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
+    tell(watcher, contained.why, contained.chosen)  # what its signals and its ranks' place are
     watcher.finish = lambda report: _report(report, spec, output, watcher, started, contained)
     return watcher.run()
 

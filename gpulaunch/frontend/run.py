@@ -304,6 +304,8 @@ class _FrontEnd:
         env, dropped = environment(os.environ)
         if self.name is not None:  # its watcher stops if we end before our name holds it
             env.append(f"{tether.ENV}={tether.identity(os.getpid())}")
+        elif not self.detach:  # no name: a tie stops it; it names us as why (launcher.py)
+            env.append(f"{tether.ENV}={tether.identity(os.getpid())}{tether.UNTIED}")
         if dropped:
             print(
                 f"gpulaunch: warning: systemd takes no environment variable named like "

@@ -22,6 +22,9 @@ from collections.abc import Callable
 from gpulaunch.model import JobProgress, JobReport, JobSpec, Manager, RankProgress
 
 ENV = "GPULAUNCH_FRONTEND"  # "<pid>:<start time>" of the front end (start.py takes it out)
+# ... and this after it: no bus name ties us to it (no user bus), a tie service does; no
+# tether then, but a SIGTERM with its end is still its death (watcher/launcher.py)
+UNTIED = ":untied"
 
 
 def identity(pid: int) -> str:
@@ -82,7 +85,7 @@ class FrontEndTether:
 
 def tether_observers(front_end: str | None, spec: JobSpec) -> tuple[FrontEndTether, ...]:
     """Under a front end: the watch on its life until its bus name holds us (FrontEndTether)."""
-    if not front_end:
+    if not front_end or front_end.endswith(UNTIED):
         return ()
 
     def stop_service() -> None:

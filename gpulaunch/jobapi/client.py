@@ -153,6 +153,7 @@ class JobClient:
         # How ranks ended beyond Finished's struct (core dumped, OOM kill): the watcher
         # announces every property (RankEnds too) just before Finished.
         ends: list[Any] = []
+        interrupted_by: list[str] = [""]  # what stopped it, if not a signal (before Finished)
 
         def on_message(msg: Message) -> None:
             if msg.message_type is not MessageType.SIGNAL:
@@ -163,6 +164,9 @@ class JobClient:
                 changed = msg.body[1].get("RankEnds")
                 if changed is not None:
                     ends[:] = changed.value
+                by = msg.body[1].get("InterruptedBy")
+                if by is not None:
+                    interrupted_by[0] = str(by.value)
                 return
             if (msg.member, msg.interface, msg.path) == ("Finished", INTERFACE, path) or (
                 msg.member == "NameOwnerChanged" and msg.sender == DBUS and msg.body[:1] == [name]
@@ -204,6 +208,7 @@ class JobClient:
                         cause=str(cause),
                         cause_rank=int(cause_rank),
                         ranks=with_ends(tuple(RankView.from_wire(r) for r in ranks), ends),
+                        interrupted_by=interrupted_by[0],
                     )
                 return WaitResult(final=final, running=True)
             if msg.member == "NameOwnerChanged" and msg.body[1] == owner:

@@ -224,7 +224,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     elif view.state.ended:
         ended = f", ended {_when(view.ended_at)}" if view.ended_at else ""
-        print(format_report(view.report()) + f"\n  ({view.slice}, {view.manager} manager{ended})")
+        where, held = view.placement()
+        print(format_report(view.report()) + f"\n  ({where}, {held}{ended})")
         for line in final_steps(view.ranks):  # what the ranks said of their steps, if any
             print("  " + line)
     else:
@@ -257,10 +258,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
         outcome = _with_client(manager, lambda c: c.stop_job(job, block=not args.no_block))
     except KeyboardInterrupt:  # the stop was asked for (or not); the job goes on ending
         return 130
-    except NoSystemdError:  # no bus (a user manager without one, issue 29): the record file
-        if os.geteuid() == 0:  # root never signals a pid that a file under $HOME names
+    except NoSystemdError as exc:  # no bus (a container, CI, a user without one): the record
+        if whose.other() is not None:  # root for a user: never a record file of theirs
             raise
-        return _stop_by_record(job, manager, block=not args.no_block)
+        return _stop_by_record(job, manager, block=not args.no_block, unreachable=exc)
+    if outcome is not None and outcome.final is None and not outcome.running:
+        if whose.other() is None and _live_record(job) is not None:  # a direct job, no API
+            return _stop_by_record(job, manager, block=not args.no_block)
     if outcome is None:
         print(f"gpulaunch: job {job} is stopping", file=sys.stderr)
         return 0
@@ -271,15 +275,28 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_by_record(job: str, manager: Manager, block: bool) -> int:
+def _live_record(job: str) -> filerecord.FileRecord | None:
+    """This node's record of a job that it says runs (the caller's own records only)."""
+    found = filerecord.find_record(job)
+    return None if found is None or found.view.state.ended else found
+
+
+def _stop_by_record(
+    job: str, manager: Manager, block: bool, unreachable: NoSystemdError | None = None
+) -> int:
     """`stop` without a bus: SIGTERM to the watcher its record file names (its graceful stop,
     as `Stop()` on the bus), through a checked pidfd of that very watcher, then, blocking,
-    the record's final report."""
+    the record's final report once the watcher and its keeper are gone (nothing left).
+
+    Root reads root's records only (/run/gpulaunch/jobs, checked as root's and written by
+    root alone: filerecord.py), never a file under $HOME; an ordinary user their own."""
     import signal
 
     found = filerecord.find_record(job)
-    if found is None or found.view.state.ended:
-        raise record.unknown_job(job, manager)
+    if found is None:
+        raise _unknown(job, manager, unreachable)
+    if found.view.state.ended:
+        raise _ended(job, found.view)
     try:
         if not filerecord.send_signal(found, signal.SIGTERM):
             raise _lost(job, found)
@@ -331,10 +348,10 @@ def _when(usec: int) -> str:
 
 
 def _live(view: JobView) -> str:
+    where, held = view.placement()
     head = (
         f"gpulaunch: job {view.job}: {view.state.value}, {count(len(view.ranks), 'rank')} "
-        f"in {view.slice} "
-        f"({view.manager} manager, watcher pid {view.watcher_pid}, uid {view.owner})"
+        f"in {where} ({held}, watcher pid {view.watcher_pid}, uid {view.owner})"
     )
     header = ("rank", "local", "unit", "pid", "state", "exit", "how", "runtime")
     stepping = any(r.steps is not None for r in view.ranks)  # gpulaunch/progress/
@@ -351,7 +368,7 @@ def _live(view: JobView) -> str:
                 r.state,
                 ex.describe() if ended and ex is not None else "-",
                 ("stopped" if r.stopped_by_watcher else "exited") if ended else "-",
-                format_duration(r.runtime) if ended else "-",
+                format_duration(r.runtime) if ended else _running_for(view, r.pid),
                 *(step_cells(r.steps) if stepping else ()),
             )
         )
@@ -364,13 +381,32 @@ def _live(view: JobView) -> str:
     return "\n".join(lines + ["  " + line for line in status_lines(view.ranks)])
 
 
+def _running_for(view: JobView, pid: int | None) -> str:
+    """A running rank's time so far, from its process: a child of the job's watcher here
+    (the watcher forks every rank), so never another process's time; "-" if unknown."""
+    from gpulaunch.jobapi.procid import running_for
+
+    if not pid or view.state.ended or not view.watcher_pid:
+        return "-"
+    seconds = running_for(pid, view.watcher_pid)
+    return "-" if seconds is None else format_duration(seconds)
+
+
 def cmd_signal(args: argparse.Namespace) -> int:
-    """`gpulaunch signal JOB SIG [--rank N]`: a notice to the ranks; the job goes on."""
+    """`gpulaunch signal JOB SIG [--rank N]`: a notice to the ranks (the job goes on), or
+    SIGTERM/SIGINT to the job's watcher (it stops the job, as on that signal)."""
     import signal as signals
 
     manager: Manager = args.manager
     signum = int(args.signal)
     rank = -1 if args.rank is None else args.rank
+    name = signals.Signals(signum).name
+    stop = signum in (signals.SIGTERM, signals.SIGINT)
+    if stop and rank >= 0:
+        raise UsageError(
+            f"--rank: {name} stops the whole job, not one rank",
+            f"leave out --rank, or send a notice (USR1, USR2) to rank {rank}",
+        )
     unreachable: NoSystemdError | None = None
     try:
         sent = _with_client(manager, lambda c: c.signal(args.job, signum, rank))
@@ -401,6 +437,8 @@ def cmd_signal(args: argparse.Namespace) -> int:
                 "only the user who started a job, or root, may signal it",
             ) from None
         sent = found.view.world_size
-    name = signals.Signals(signum).name
+    if stop:  # the watcher stops the job as on that signal ('gpulaunch wait' tells how)
+        print(f"gpulaunch: job {args.job}: {name} sent to its watcher", file=sys.stderr)
+        return 0
     print(f"gpulaunch: job {args.job}: {name} sent to {sent} rank(s)", file=sys.stderr)
     return 0

@@ -9,9 +9,12 @@ job share its id, and $HOME is often on NFS.
 What: the journal record's fields (gpulaunch/jobapi/record.py, docs/dbus.md)
 as one JSON object, written when the job starts (state `starting`) and again
 when it ends, plus the watcher's identity (gpulaunch/jobapi/procid.py: pid, start
-time, boot, pid namespace). `gpulaunch status`, `wait` and `signal` believe a
-record's "running" only while that very watcher runs, and act on it through a
-pidfd opened and checked against the identity, never on the pid alone.
+time, boot, pid namespace) and its keeper's, where it has one (supervisor/keeper.py:
+what ends the job's processes after the watcher; `wait` and `stop` return once both
+are gone, so that nothing of the job is left when they do). `gpulaunch status`,
+`wait`, `stop`, `signal` and `top` believe a record's "running" only while that
+very watcher runs, and act on it through a pidfd opened and checked against the
+identity, never on the pid alone.
 
 How, against links planted by someone else: the `gpulaunch` and `jobs`
 directories are opened with O_NOFOLLOW and must be ours and writable by us
@@ -44,6 +47,7 @@ KEEP = 100  # records kept; the oldest go first
 MAX_SIZE = 4 << 20  # a record larger than this is not one of ours
 ROOT_DIR = Path("/run/gpulaunch/jobs")
 WATCHER_KEY = "_GPULAUNCH_WATCHER"  # the watcher's identity (procid.Identity)
+KEEPER_KEY = "_GPULAUNCH_KEEPER"  # its keeper's, if any
 NODE_KEY = "_GPULAUNCH_NODE"
 SPOOL_SUFFIX = ".logs"  # <record name>.logs/: a detached job's output without journald
 CGROUP_KEY = "_GPULAUNCH_CGROUP"  # the direct supervisor's job cgroup (jobapi/leftovers.py)
@@ -75,6 +79,7 @@ class FileRecord:
     node: str
     mtime: float
     cgroup: str | None = None  # the job's cgroup, where it had one (the writer's word)
+    keeper: Identity | None = None
 
     def watcher_alive(self) -> bool:
         return self.watcher is not None and self.watcher.alive()
@@ -149,18 +154,23 @@ directory = _directory  # the records' directory, checked (logs/spool.py keeps s
 
 
 def write(
-    view: JobView, message: str, base: Path | None = None, cgroup: Path | None = None
+    view: JobView,
+    message: str,
+    base: Path | None = None,
+    cgroup: Path | None = None,
+    keeper: int | None = None,
 ) -> Path:
-    """Write (replace) the job's record (`cgroup`: the job's, if it has one); OSError if it
-    cannot be written."""
+    """Write (replace) the job's record (`cgroup`: the job's, if it has one; `keeper`: its
+    keeper's pid); OSError if it cannot be written."""
     entry = dict(fields(view, message))
     if cgroup is not None:
         entry[CGROUP_KEY] = str(cgroup)
     entry["_UID"] = str(os.getuid())
     entry["__REALTIME_TIMESTAMP"] = str(time.time_ns() // 1000) if view.state.ended else "0"
-    me = Identity.of(view.watcher_pid)
-    if me is not None:
-        entry[WATCHER_KEY] = json.dumps(me.to_json())
+    for key, pid in ((WATCHER_KEY, view.watcher_pid), (KEEPER_KEY, keeper)):
+        me = Identity.of(pid) if pid else None
+        if me is not None:
+            entry[key] = json.dumps(me.to_json())
     entry[NODE_KEY] = node_name()
     name = file_name(view.job)
     tmp = f".{name}.{os.getpid()}.tmp"
@@ -232,17 +242,21 @@ def _read(fd: int, name: str) -> FileRecord | None:
             return None
         try:
             entry = json.loads(f.read(MAX_SIZE))
-            view = parse(entry)
+            view = replace(parse(entry), from_record=True)
         except (OSError, ValueError, TypeError, KeyError):
             return None
     if not isinstance(entry, dict):
         return None
-    watcher = None
-    with contextlib.suppress(ValueError, TypeError):
-        watcher = Identity.from_json(json.loads(str(entry.get(WATCHER_KEY, "null"))))
+    watcher, keeper = _identity(entry, WATCHER_KEY), _identity(entry, KEEPER_KEY)
     cgroup = entry.get(CGROUP_KEY)
     cgroup = cgroup if isinstance(cgroup, str) else None
-    return FileRecord(view, watcher, str(entry.get(NODE_KEY, "")), st.st_mtime, cgroup)
+    return FileRecord(view, watcher, str(entry.get(NODE_KEY, "")), st.st_mtime, cgroup, keeper)
+
+
+def _identity(entry: dict[str, object], key: str) -> Identity | None:
+    with contextlib.suppress(ValueError, TypeError):
+        return Identity.from_json(json.loads(str(entry.get(key, "null"))))
+    return None
 
 
 def find_record(job: str, base: Path | None = None) -> FileRecord | None:
@@ -277,16 +291,21 @@ def recent(base: Path | None = None, this_node: bool = False) -> list[JobView]:
 
 
 def wait(job: str, base: Path | None = None) -> JobView | None:
-    """Sleep until the job's watcher exits (a pidfd of that very process), then its record."""
+    """Sleep until the job's watcher exits, then its keeper, if any (pidfds of those very
+    processes: the keeper ends what the ranks left), then the job's record."""
     found = find_record(job, base)
     if found is None or found.view.state.ended or found.watcher is None:
         return None if found is None else found.believed()
-    pidfd = found.watcher.pidfd()
-    if pidfd is not None:
-        try:
-            select.select([pidfd], [], [])
-        finally:
-            os.close(pidfd)
+    # (a keeper that is PID 1, `exec gpulaunch start` in a container: its end is the pid
+    # namespace's, ours too: we return with the watcher's)
+    keeper = found.keeper if found.keeper is not None and found.keeper.pid != 1 else None
+    for process in (found.watcher, keeper):
+        pidfd = None if process is None else process.pidfd()
+        if pidfd is not None:
+            try:
+                select.select([pidfd], [], [])
+            finally:
+                os.close(pidfd)
     return find(job, base)
 
 
@@ -312,15 +331,20 @@ class FileRecorder:
     """Writes the job's record file at its start and its end; a watcher `Observer`."""
 
     def __init__(
-        self, warn: Callable[[str], None], base: Path | None = None, cgroup: Path | None = None
+        self,
+        warn: Callable[[str], None],
+        base: Path | None = None,
+        cgroup: Path | None = None,
+        keeper: int | None = None,
     ) -> None:
         self._warn = warn
         self._base = base
         self._cgroup = cgroup  # the direct supervisor's job cgroup (jobapi/leftovers.py)
+        self._keeper = keeper  # the watcher's keeper's pid (supervisor/keeper.py), if any
 
     def _write(self, view: JobView, message: str) -> None:
         try:
-            write(view, message, self._base, self._cgroup)
+            write(view, message, self._base, self._cgroup, self._keeper)
         except OSError as exc:
             self._warn(f"could not write the job's record file: {exc}")
 

@@ -48,6 +48,24 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def running_for(pid: int, parent: int) -> float | None:
+    """Seconds since the process started (proc(5): its start time in clock ticks since
+    boot, and /proc/uptime), if it runs here as a child of `parent`; else None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start = None if fields[0] in ("Z", "X") or int(fields[1]) != parent else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    if start is None:
+        return None
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(0.0, uptime - start / os.sysconf("SC_CLK_TCK"))
+
+
 @dataclass(frozen=True)
 class Identity:
     """One process, told apart from any other that ever had or will have its pid."""

@@ -74,6 +74,7 @@ from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
 
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 NOTICES = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # what Signal() passes on
+STOPS = frozenset({signal.SIGTERM, signal.SIGINT})  # what Signal() takes as sent to the watcher
 
 FINISH_BUDGET = 1.5  # of the watcher's 2 s for `finished`: never make it raise
 # Seconds between attempts to reach a bus that refuses connections (doubling, capped).
@@ -460,13 +461,18 @@ class JobPublisher:
 
     def _signal(self, msg: Message) -> Message:
         """Signal(signal, rank): a notice (SIGUSR1, SIGUSR2) to one rank (-1: all); the job
-        goes on. Returns how many ranks got it."""
+        goes on. Returns how many ranks got it. SIGTERM, SIGINT (rank -1): as that signal to
+        the watcher, which stops the job (the loop sees it as any signal to it)."""
         assert self._job is not None
         signum, rank = int(msg.body[0]), int(msg.body[1])
+        if signum in STOPS and rank == -1:
+            signal.raise_signal(signum)
+            return Message.new_method_return(msg, "u", [len(self._job.ranks)])
         if signum not in NOTICES:
             return Message.new_error(
-                msg, INVALID_ARGS, f"signal {signum} is not a notice: only SIGUSR1 and SIGUSR2"
-            )
+                msg, INVALID_ARGS, f"signal {signum} is neither a notice (SIGUSR1, SIGUSR2) "
+                "nor, for every rank (-1), a stop (SIGTERM, SIGINT)"
+            )  # fmt: skip
         ranks = {r.rank for r in self._job.ranks}
         if rank != -1 and rank not in ranks:
             return Message.new_error(

@@ -9,9 +9,12 @@ from __future__ import annotations
 from gpulaunch.jobapi.view import JobView
 from gpulaunch.resources.sample import RankTarget
 
+OLDER = "the job's watcher does not publish LastOutput (older gpulaunch)"
+NOT_RECORDED = "a record file does not keep it (no bus here to ask the job's watcher)"
 
-def targets(view: JobView) -> tuple[list[RankTarget], bool]:
-    """The ranks to look at, from the job's view on the bus; and whether it has LastOutput.
+
+def targets(view: JobView) -> tuple[list[RankTarget], str | None]:
+    """The ranks to look at, from the job's view; and why it lacks LastOutput, if it does.
 
     For `top` and `status --resources` (resources/sample.py measures pids and units).
     """
@@ -29,4 +32,4 @@ def targets(view: JobView) -> tuple[list[RankTarget], bool]:
                 watcher_pid=view.watcher_pid,
             )
         )
-    return out, known
+    return out, None if known else NOT_RECORDED if view.from_record else OLDER

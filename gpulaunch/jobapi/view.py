@@ -44,6 +44,10 @@ from gpulaunch.model import (
 )
 
 INTERFACE = "io.gpulaunch.Job1"
+# `Manager` of a job no systemd manager holds (the direct supervisor); its `Slice` is then
+# where its ranks are: its cgroup's path, or "process groups"
+NO_MANAGER = "none"
+PROCESS_GROUPS = "process groups"
 
 
 def bus_title(manager: Manager) -> str:
@@ -143,6 +147,7 @@ class JobView:
     log_drops: tuple[LogDrop, ...] = ()  # ranks of which the journal lacks lines (the end)
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (the end)
     rounds: tuple[RoundEnd, ...] = ()  # multi-node: the attempts before the last (the end)
+    from_record: bool = False  # read from a record file (filerecord.py), not the bus
 
     @property
     def layout(self) -> Layout | None:
@@ -253,8 +258,8 @@ class JobView:
             error, source = failure.error, failure.error_source
         return cls(
             job=spec.job,
-            slice=spec.names.job_slice,
-            manager=spec.manager.value,
+            slice=job.contained_in or spec.names.job_slice,
+            manager=NO_MANAGER if job.contained_in else spec.manager.value,
             owner=os.getuid(),
             watcher_pid=job.watcher_pid,
             state=state,
@@ -277,6 +282,14 @@ class JobView:
             gpu_use=None if report is None else report.gpu_use,
             rounds=() if report is None else report.rounds,
         )
+
+    def placement(self) -> tuple[str, str]:
+        """Where its ranks are and who holds them, in words: its slice and its manager, or
+        the direct supervisor's cgroup (or process groups) and no manager."""
+        if self.manager != NO_MANAGER:
+            return self.slice, f"{self.manager} manager"
+        where = self.slice if self.slice == PROCESS_GROUPS else f"cgroup {self.slice}"
+        return where, "direct supervisor, no manager"
 
     def properties(self) -> dict[str, tuple[str, Any]]:
         """The D-Bus properties of interface io.gpulaunch.Job1: name -> (signature, value)."""
@@ -301,6 +314,7 @@ class JobView:
             "RankEnds": ("a" + RANK_END_SIGNATURE, [e for r in self.ranks if (e := r.end_wire())]),
             "Steps": ("a" + STEPS_SIGNATURE, [w for r in self.ranks if (w := steps_wire(r))]),
             "Stragglers": ("ai", [r.rank for r in self.ranks if r.steps and r.steps.straggler]),
+            "InterruptedBy": ("s", self.interrupted_by),
         }
 
     @classmethod
@@ -325,6 +339,7 @@ class JobView:
             cause_host=str(props.get("CauseHost", "")),
             cause_what=str(props.get("CauseWhat", "")),
             last_output=tuple(int(t) for t in props.get("LastOutput", ())),
+            interrupted_by=str(props.get("InterruptedBy", "")),
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -37,17 +38,34 @@ class NodeOptions:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """What the nodes imply for the job: how to join (None: one node) and its default id."""
+    """What the nodes imply for the job: how to join (None: one node) and its default id.
+
+    A multi-node job's default id is this node's (or this launcher's): the nodes of one job
+    may share one machine and its manager (`--nnodes 2` tried on localhost), where one id
+    for both would collide. What makes them one job is the run id, `run_id` (--rdzv-id, else
+    what every node derives alike from the endpoint).
+    """
 
     config: NodeConfig | None
     default_job: str | None
     master_addr: str  # the single-node job's MASTER_ADDR (multi-node: the rendezvous decides)
     master_port: int | None
+    run_id: str | None = None  # the run id with the default job id (None: the job id)
 
     def for_job(self, job: str, nproc: int) -> NodeConfig | None:
         if self.config is None:
             return None
-        return replace(self.config, job=job, nproc=nproc, run_id=self.config.run_id or job)
+        shared = self.run_id if job == self.default_job else None
+        return replace(
+            self.config, job=job, nproc=nproc, run_id=self.config.run_id or shared or job
+        )
+
+
+def node_job_id(run_id: str, node_rank: int | None) -> str:
+    """This node's default id in a multi-node job: the run id and the node rank (static), or,
+    where the rendezvous assigns node ranks later (c10d), a suffix of this launcher's."""
+    suffix = f"node{node_rank}" if node_rank is not None else secrets.token_hex(3)
+    return f"{run_id}-{suffix}"
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:
@@ -198,9 +216,13 @@ def plan_nodes(
         host, port = split_endpoint(opts.rdzv_endpoint, C10D_PORT, "--rdzv-endpoint")
         node_rank = None
     endpoint = _endpoint(host, port)
-    if default_job is None:
-        digest = hashlib.sha256(endpoint.encode()).hexdigest()[:6]
-        default_job = f"{stem}_{digest}"
+    run_id = default_job
+    if run_id is None:
+        run_id = f"{stem}_{hashlib.sha256(endpoint.encode()).hexdigest()[:6]}"
+    if slurm is None:  # (a Slurm step's nodes are one per machine: its name is theirs)
+        default_job = node_job_id(run_id, node_rank)
+    else:
+        default_job = run_id
     config = NodeConfig(
         backend=backend,
         endpoint=endpoint,
@@ -213,4 +235,4 @@ def plan_nodes(
         rdzv_conf=_conf(opts.rdzv_conf),
         min_nodes=min_nodes if min_nodes != nnodes else None,
     )
-    return NodePlan(config, default_job, master_addr or LOCALHOST, master_port)
+    return NodePlan(config, default_job, master_addr or LOCALHOST, master_port, run_id)

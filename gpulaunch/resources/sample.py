@@ -112,7 +112,11 @@ class Sampler:
         self.wall = wall
         self._previous: dict[str, tuple[float, float]] = {}  # unit -> (clock, cpu seconds)
 
-    def sample(self, targets: Sequence[RankTarget], last_output_known: bool = True) -> JobSample:
+    def sample(
+        self, targets: Sequence[RankTarget], last_output_missing: str | None = None
+    ) -> JobSample:
+        """One look at the ranks; `last_output_missing`: why the job does not tell each rank's
+        last output (None: it does)."""
         missing: dict[str, str] = {}
         now, wall = self.clock(), self.wall()
         on_gpu = self.gpus.processes() if isinstance(self.gpus, Gpus) else {}
@@ -120,8 +124,8 @@ class Sampler:
             missing["gpu"] = self.gpus
         elif self.gpus is None:
             missing["gpu"] = "not asked for"
-        if not last_output_known:
-            missing["idle_sec"] = "the job's watcher does not publish LastOutput (older gpulaunch)"
+        if last_output_missing is not None:
+            missing["idle_sec"] = last_output_missing
         ranks = []
         intervals: list[float] = []
         for t in targets:
@@ -275,15 +279,15 @@ def _total(ranks: Sequence[RankSample]) -> RankSample:
 
 
 def measure(
-    ranks: Sequence[RankTarget], known: bool, sampler: Sampler, interval: float
+    ranks: Sequence[RankTarget], missing: str | None, sampler: Sampler, interval: float
 ) -> JobSample:
     """Two looks `interval` seconds apart (the second has CPU %); for one-shot commands.
 
-    `known`: whether the job tells each rank's last output (jobapi/top.py's `targets`).
+    `missing`: why the job does not tell each rank's last output (jobapi/targets.py), if so.
     """
-    sampler.sample(ranks, known)
+    sampler.sample(ranks, missing)
     time.sleep(interval)  # the measuring window of CPU %, not a wait for an event
-    return sampler.sample(ranks, known)
+    return sampler.sample(ranks, missing)
 
 
 def nested_pid_namespace(root: Path = Path("/")) -> bool:

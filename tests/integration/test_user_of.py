@@ -49,7 +49,7 @@ def test_root_sees_stops_and_waits_for_a_users_job(
 
     stop = gl(job, "stop", "--user-of", "gljob", job.id, timeout=60)
     assert stop.returncode == 0, stop.stderr
-    assert "stopped by SIGTERM (status 143)" in stop.stderr, stop.stderr
+    assert "stopped by gpulaunch stop (status 143)" in stop.stderr, stop.stderr  # as recorded
     wait_until(lambda: not job.alive(), 10, "the ranks to be gone")
 
     # After the end: the user's record, read by root.

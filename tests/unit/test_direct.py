@@ -28,10 +28,19 @@ def test_notices_by_name_or_number(text: str, signum: int) -> None:
     assert _notice(text) == signum
 
 
-@pytest.mark.parametrize("text", ["TERM", "KILL", "9", "usr3", ""])
-def test_a_stop_is_not_a_notice(text: str) -> None:
+@pytest.mark.parametrize("text", ["KILL", "9", "HUP", "usr3", ""])
+def test_other_signals_are_neither_a_notice_nor_a_stop(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="not a notice"):
         _notice(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "signum"),
+    [("TERM", signal.SIGTERM), ("sigint", signal.SIGINT), ("15", signal.SIGTERM)],
+)
+def test_signal_takes_sigterm_and_sigint_as_stops(text: str, signum: int) -> None:
+    """Issue 35 item 5: `gpulaunch signal JOB TERM|INT` stops a job (its watcher gets it)."""
+    assert _notice(text) == signum
 
 
 def test_a_slurm_step_is_a_resource_managers_cgroup() -> None:

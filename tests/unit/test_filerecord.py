@@ -183,3 +183,55 @@ def test_another_nodes_running_record_is_its_word(
     assert filerecord.find("j", base) is None
     assert [v.state for v in filerecord.recent(base)] == [JobState.RUNNING]
     assert filerecord.recent(base, this_node=True) == []
+
+
+def test_wait_returns_once_the_watcher_and_then_its_keeper_are_gone(base: Path) -> None:
+    """Issue 35 item 5: `stop`/`wait` without a bus return once nothing of the job is left:
+    the record names the watcher's keeper (what ends the ranks' leftovers) and waits for it."""
+    import threading
+
+    watcher = subprocess.Popen(["sleep", "60"])
+    keeper = subprocess.Popen(["sh", "-c", "read x"], stdin=subprocess.PIPE)
+    assert keeper.stdin is not None
+    waited: list[object] = []
+    try:
+        filerecord.write(_view(JobState.RUNNING, watcher.pid), "started", base, keeper.pid)
+        found = filerecord.find_record("j", base)
+        assert found is not None and found.keeper == procid.Identity.of(keeper.pid)
+        thread = threading.Thread(target=lambda: waited.append(filerecord.wait("j", base)))
+        thread.start()
+        watcher.kill()
+        watcher.wait()
+        thread.join(0.5)
+        assert thread.is_alive() and not waited  # the keeper still runs: not yet
+        keeper.stdin.close()
+        keeper.wait()
+        thread.join(30)
+        assert not thread.is_alive() and len(waited) == 1
+    finally:
+        for p in (watcher, keeper):
+            p.kill()
+            p.wait()
+
+
+def test_wait_does_not_wait_for_a_keeper_that_is_pid_1(base: Path) -> None:
+    """`exec gpulaunch start` as a container's PID 1: its keeper's end is the container's, and
+    `stop`'s, so `wait` returns with the watcher's end (here, PID 1 is this machine's init)."""
+    import threading
+
+    watcher = subprocess.Popen(["sleep", "60"])
+    waited: list[object] = []
+    try:
+        filerecord.write(_view(JobState.RUNNING, watcher.pid), "started", base, keeper=1)
+        found = filerecord.find_record("j", base)
+        assert found is not None and found.keeper is not None and found.keeper.pid == 1
+        thread = threading.Thread(target=lambda: waited.append(filerecord.wait("j", base)))
+        thread.daemon = True  # (without the rule it would wait for init)
+        thread.start()
+        watcher.kill()
+        watcher.wait()
+        thread.join(30)
+        assert not thread.is_alive() and len(waited) == 1
+    finally:
+        watcher.kill()
+        watcher.wait()

@@ -304,7 +304,7 @@ def test_static_defaults_as_torchrun() -> None:
         job="",
         node_rank=0,
     )
-    assert p.default_job == digest_job("127.0.0.1:29500")
+    assert p.default_job == digest_job("127.0.0.1:29500") + "-node0"
 
 
 def test_static_from_master_addr_and_port() -> None:
@@ -312,7 +312,7 @@ def test_static_from_master_addr_and_port() -> None:
     assert p.config is not None
     assert (p.config.endpoint, p.config.node_rank, p.config.nnodes) == ("node0:1234", 3, 4)
     assert p.config.local_addr == "node3"
-    assert p.default_job == digest_job("node0:1234")
+    assert p.default_job == digest_job("node0:1234") + "-node3"
 
 
 def test_static_rdzv_endpoint_wins_over_master_addr() -> None:
@@ -334,7 +334,7 @@ def test_ipv6_endpoints_are_bracketed() -> None:
     assert p.config is not None and p.config.endpoint == "[fd00::1]:29500"
     p = plan(nnodes="2", rdzv_backend="c10d", rdzv_endpoint="[fd00::2]:4000")
     assert p.config is not None and p.config.endpoint == "[fd00::2]:4000"
-    assert p.default_job == digest_job("[fd00::2]:4000")
+    assert p.run_id == digest_job("[fd00::2]:4000")
 
 
 @pytest.mark.parametrize(
@@ -373,7 +373,9 @@ def test_c10d_as_torchrun() -> None:
         node_rank=None,  # the rendezvous assigns it
         local_addr="me",
     )
-    assert p.default_job == digest_job("rdv:29400")
+    assert p.run_id == digest_job("rdv:29400")
+    # c10d numbers the nodes later: the default id is this launcher's
+    assert re.fullmatch(digest_job("rdv:29400") + "-[0-9a-f]{6}", p.default_job or "")
 
 
 def test_c10d_on_one_node_is_a_rendezvous() -> None:
@@ -384,10 +386,25 @@ def test_c10d_on_one_node_is_a_rendezvous() -> None:
 # -- the job id and the run id ---------------------------------------------------------
 
 
-def test_default_job_is_the_same_on_every_node() -> None:
-    jobs = {plan(nnodes="3", node_rank=r, master_addr="node0").default_job for r in range(3)}
-    assert jobs == {digest_job("node0:29500")}
-    assert re.fullmatch(r"train_[0-9a-f]{6}", jobs.pop() or "")
+def test_default_job_differs_per_node_and_the_run_id_is_shared() -> None:
+    """Issue 35 item 6: two nodes of one job on one machine (`--nnodes 2` on localhost) must
+    not collide: each node's default id is its own; the run id (the rendezvous's) is one."""
+    plans = [plan(nnodes="3", node_rank=r, master_addr="node0") for r in range(3)]
+    assert [p.default_job for p in plans] == [
+        digest_job("node0:29500") + f"-node{r}" for r in range(3)
+    ]
+    assert {p.run_id for p in plans} == {digest_job("node0:29500")}
+    assert re.fullmatch(r"train_[0-9a-f]{6}", plans[0].run_id or "")
+    configs = [p.for_job(p.default_job or "", 2) for p in plans]
+    assert {c.run_id for c in configs if c is not None} == {digest_job("node0:29500")}
+
+
+def test_c10d_default_job_differs_per_launcher() -> None:
+    """c10d assigns node ranks in the rendezvous: two launchers' default ids still differ."""
+    opts = {"nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "localhost:29400"}
+    a, b = plan(**opts), plan(**opts)  # type: ignore[arg-type]
+    assert a.default_job != b.default_job
+    assert a.run_id == b.run_id == digest_job("localhost:29400")
 
 
 def test_default_job_differs_by_endpoint() -> None:
@@ -397,9 +414,11 @@ def test_default_job_differs_by_endpoint() -> None:
     assert len({a, b, c}) == 3
 
 
-def test_rdzv_id_is_the_default_job_and_the_run_id() -> None:
+def test_rdzv_id_is_the_run_id_and_names_the_default_job() -> None:
     p = plan(nnodes="2", rdzv_id="exp1")
-    assert p.default_job == "exp1"
+    assert p.default_job == "exp1-node0"
+    config = p.for_job("exp1-node0", 4)
+    assert config is not None and config.run_id == "exp1"
     assert p.config is not None and p.config.run_id == "exp1"
     assert p.for_job("other", 4) == NodeConfig(
         backend=Backend.STATIC,
@@ -731,7 +750,7 @@ def test_multi_node_before_the_rendezvous(script: Path) -> None:
     ("kw", "env", "job"),
     [
         ({"job": "mine", "nodes": NodeOptions(nnodes="2", rdzv_id="exp")}, {}, "mine"),
-        ({"nodes": NodeOptions(nnodes="2", rdzv_id="exp")}, {}, "exp"),
+        ({"nodes": NodeOptions(nnodes="2", rdzv_id="exp")}, {}, "exp-node0"),
         ({"nodes": NodeOptions(rdzv_id="exp")}, {}, "exp"),
         ({"nodes": NodeOptions()}, SRUN_STEP, SLURM_JOB),
         ({"nodes": NodeOptions(rdzv_id="exp")}, SRUN_STEP, "exp"),
@@ -739,12 +758,7 @@ def test_multi_node_before_the_rendezvous(script: Path) -> None:
         (
             {"nodes": NodeOptions(nnodes="2"), "master_addr": "node0"},
             {},
-            digest_job("node0:29500"),
-        ),
-        (
-            {"nodes": NodeOptions(nnodes="2", rdzv_backend="c10d", rdzv_endpoint="rdv:4000")},
-            {},
-            digest_job("rdv:4000"),
+            digest_job("node0:29500") + "-node0",
         ),
     ],
 )
@@ -753,12 +767,15 @@ def test_default_job_id(script: Path, kw: dict[str, object], env: dict[str, str]
     assert spec(script, env, **kw).job == job
 
 
-def test_default_job_id_is_the_same_on_every_node(script: Path) -> None:
-    jobs = {
-        spec(script, nodes=NodeOptions(nnodes="2", node_rank=n), master_addr="node0").job
+def test_default_job_id_differs_per_node_and_the_run_id_does_not(script: Path) -> None:
+    specs = [
+        spec(script, nodes=NodeOptions(nnodes="2", node_rank=n), master_addr="node0")
         for n in (0, 1)
-    }
-    assert jobs == {digest_job("node0:29500")}
+    ]
+    assert [s.job for s in specs] == [digest_job("node0:29500") + f"-node{n}" for n in (0, 1)]
+    for s in specs:
+        assert s.node_config is not None and s.node_config.run_id == digest_job("node0:29500")
+        assert s.ranks[0].env["TORCHELASTIC_RUN_ID"] == digest_job("node0:29500")
 
 
 def test_job_and_rdzv_id_both_given(script: Path) -> None:

@@ -160,9 +160,18 @@ def test_an_ended_rank_is_shown_without_numbers(tmp_path: Path) -> None:
 def test_targets_from_the_bus_view() -> None:
     rank = RankView(0, 0, UNIT, 42, "running", -1, 0, False, -1, 0.0)
     view = JobView("j", "s", "system", 0, 1, JobState.RUNNING, 2, (rank, rank), last_output=(0, 5))
-    found, known = targets(view)
-    assert known and [t.last_output for t in found] == [None, 5e-6]
-    assert targets(JobView("j", "s", "system", 0, 1, JobState.RUNNING, 1, (rank,)))[1] is False
+    found, missing = targets(view)
+    assert missing is None and [t.last_output for t in found] == [None, 5e-6]
+    old = JobView("j", "s", "system", 0, 1, JobState.RUNNING, 1, (rank,))
+    assert targets(old)[1] == "the job's watcher does not publish LastOutput (older gpulaunch)"
+
+
+def test_a_record_files_view_says_why_it_has_no_last_output() -> None:
+    """Issue 35: the same version without a bus is not "an older gpulaunch"."""
+    rank = RankView(0, 0, "", 42, "running", -1, 0, False, -1, 0.0)
+    view = JobView("j", "s", "none", 0, 1, JobState.RUNNING, 1, (rank,), from_record=True)
+    missing = targets(view)[1]
+    assert missing is not None and "older" not in missing and "record file" in missing
 
 
 # -- NVML through a stand-in ----------------------------------------------------
