@@ -82,3 +82,11 @@ def alive_script(pid_dir: Path) -> str:
         's=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) && echo "ALIVE $f $s"; '
         "done; true"
     )
+
+
+# What of a job is left in a container: its ranks, sleepers or gpulaunch processes.
+LEFT = (
+    "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' <$d/cmdline 2>/dev/null); "
+    'case "$c" in "sh "*) ;; *rank.py*|*"sleep 300"*|*gpulaunch*) echo "LEFT ${d#/proc/} $c";; '
+    "esac; done"
+)  # (not the test's own shell, whose script names them all)

@@ -26,7 +26,7 @@ from gpulaunch.jobapi import filerecord
 from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.view import JobState, JobView
 from sdbox.procs import first_child
-from tests.integration.container import Container, alive_script, container
+from tests.integration.container import LEFT, Container, alive_script, container
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, SHARED, wait_until
 from tests.integration.shared import CGROUP_LINE, PGROUP_LINE, gpulaunch
 
@@ -170,11 +170,6 @@ def test_watcher_sigkill_kills_the_ranks(mode: str, ct: Container, work: Path) -
 
 
 # Every process a job of rank.py can leave: its ranks and what they start.
-LEFT = (
-    "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' <$d/cmdline 2>/dev/null); "
-    'case "$c" in "sh "*) ;; *rank.py*|*"sleep 300"*|*gpulaunch*) echo "LEFT ${d#/proc/} $c";; '
-    "esac; done"
-)  # (not the test's own shell, whose script names them all)
 
 
 def kill_watcher_after(delay: float) -> str:

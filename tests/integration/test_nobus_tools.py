@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.container import Container, alive_script, container
+from tests.integration.container import LEFT, Container, alive_script, container
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, SHARED
-from tests.integration.test_direct import LEFT
 
 pytestmark = pytest.mark.integration
 

@@ -195,7 +195,7 @@ def test_wait_returns_once_the_watcher_and_then_its_keeper_are_gone(base: Path) 
     assert keeper.stdin is not None
     waited: list[object] = []
     try:
-        filerecord.write(_view(JobState.RUNNING, watcher.pid), "started", base, keeper.pid)
+        filerecord.write(_view(JobState.RUNNING, watcher.pid), "started", base, keeper=keeper.pid)
         found = filerecord.find_record("j", base)
         assert found is not None and found.keeper == procid.Identity.of(keeper.pid)
         thread = threading.Thread(target=lambda: waited.append(filerecord.wait("j", base)))
