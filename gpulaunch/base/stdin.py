@@ -219,6 +219,7 @@ async def _read_terminal(sink: int) -> None:  # pragma: no cover - in the reader
     relay = StdinRelay(0)
     relay.attach(loop)
     loop.add_signal_handler(signal.SIGCONT, relay.resume)
+
     def on_closed() -> None:
         if not closed.done():
             closed.set_result(None)
