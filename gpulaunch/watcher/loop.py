@@ -302,7 +302,7 @@ class Watcher(EventLoop):
             self._watch(rank.child.pidfd, lambda: self._on_exit(rank))
 
         death = self.supervisor.parent_death_signal
-        live_out_r, live_err_r = fork_rank(rank, env, target, death, born, self.stdin)
+        live_out_r, live_err_r = fork_rank(rank, env, target, death, born, self.stdin.fd_for)
         assert rank.pump is not None
         self.pump_pids.setdefault(rank.spec.rank, []).append(rank.pump.pid)
         self._watch(rank.pump.pidfd, self._pump_handler(rank))
