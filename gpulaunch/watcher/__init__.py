@@ -6,7 +6,8 @@
 - `nofile`: the watcher's raised soft limit on open files, the user's given back to ranks;
 - `errorfile`: the ranks' torchelastic error files;
 - `interrupts`: SIGINT/SIGTERM/SIGHUP as events on a wakeup fd;
-- `detach`: `gpulaunch start --detach`.
+- `detach`: `gpulaunch start --detach`;
+- `terminal`: the stdin rank's input (`--stdin-rank`), Ctrl-C passed on as SIGINT.
 
 How the ranks are contained is not decided here: see `gpulaunch.supervisor`.
 """
