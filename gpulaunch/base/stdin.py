@@ -19,7 +19,9 @@ The terminal's line discipline still echoes and edits a line (canonical mode); a
 passed on when it is typed in full (Enter). ^D ends the rank's input, as a pipe ends:
 for good (a restarted rank gets a new pipe). Job control stays the shell's: SIGTTIN is
 ignored while relaying, so a read in a background job fails with EIO instead of stopping
-the process, and the relay waits for SIGCONT (`fg`) to read again. Input waits in the
+the process; the relay then reads again when the terminal has new input (edge-triggered:
+once per line typed, to learn whether a shell's `fg` made the job the foreground, which
+sends no SIGCONT to a job that runs) or at SIGCONT. Input waits in the
 terminal while the pipe is full (the rank does not read it): the pipe's room is the bound.
 """
 
@@ -29,6 +31,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import select
 import signal
 import stat
 from collections.abc import Callable
@@ -74,7 +77,8 @@ class StdinRelay:
         self._pending = b""  # read from the source, not yet taken by the pipe
         self._reading = False
         self._writing = False
-        self._paused = False  # a background job's read failed (EIO): until SIGCONT
+        self._paused = False  # a background job's read failed (EIO): until new input
+        self._edge: select.epoll | None = None  # new input on the terminal, while paused
         self._ended = False  # a pipe's end: no more input, ever
         self._ttin: signal._HANDLER = None
         self._on_closed: Callable[[], None] = lambda: None
@@ -105,11 +109,17 @@ class StdinRelay:
         self._read_on()
 
     def resume(self) -> None:
-        """SIGCONT: we may be the foreground job again; read if the terminal lets us."""
+        """SIGCONT, or new input: we may be the foreground job again; read if we are."""
+        if self._edge is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(self._edge.fileno())
+            self._edge.close()
+            self._edge = None
         self._paused = False
         self._read_on()
 
     def close(self) -> None:
+        self.resume()
         self._close_sink()
         if self._ttin is not None:
             signal.signal(signal.SIGTTIN, self._ttin)
@@ -136,8 +146,7 @@ class StdinRelay:
             return
         except OSError as exc:
             if exc.errno == errno.EIO and self.tty:  # read from the background: wait for fg
-                self._paused = True
-                self._read_off()
+                self._pause()
                 return
             data = b""  # the terminal hung up: as an end
         if not data:  # ^D on a terminal (this rank's input ends), or the pipe's end
@@ -148,6 +157,21 @@ class StdinRelay:
         self._on_input(data)
         self._pending = data
         self._flush()
+
+    def _pause(self) -> None:
+        """Read no more until the terminal has new input (then try once) or SIGCONT."""
+        assert self._loop is not None
+        self._paused = True
+        self._read_off()
+        if self._edge is None:
+            self._edge = select.epoll()
+            self._edge.register(self.source, select.EPOLLIN | select.EPOLLET)
+            self._loop.add_reader(self._edge.fileno(), self._on_edge)
+
+    def _on_edge(self) -> None:
+        assert self._edge is not None
+        if self._edge.poll(0):  # a whole line came (canonical mode): ours if we are in front
+            self.resume()
 
     def _flush(self) -> None:
         while self._pending and self._sink >= 0:

@@ -16,12 +16,15 @@ waited for in vain, else null; the command's session is then killed).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import select
 import signal
+import struct
 import sys
+import termios
 import time
 
 TIMEOUT = float(os.environ.get("TTY_TIMEOUT", "120"))
@@ -33,6 +36,7 @@ def main() -> None:
     pid, master = pty.fork()
     if pid == 0:  # the child: its own session, the pty its controlling terminal
         try:
+            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 250, 0, 0))
             os.execvp(argv[0], argv)
         finally:
             os._exit(127)
