@@ -151,3 +151,36 @@ def test_ctrl_c_at_a_login_shells_terminal(login: Login, ujob: Job) -> None:
     argv = ujob.argv("--nproc", "2", script=script(ujob, "save.py", SAVE_ON_CTRL_C))
     assert_ctrl_c(result(login.run(at_terminal(CTRL_C, argv), timeout=300)))
     assert_user_clean(login, ujob)
+
+
+ASK_ONE = """
+line = input("name? ")
+print(f"got {line!r}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("supervisor", ["systemd", "direct"])
+def test_a_job_in_the_background_leaves_the_shell_its_input(job: Job, supervisor: str) -> None:
+    """`gpulaunch start ... &` at an interactive shell: the shell reads what is typed while
+    the job runs in the background (nothing of the job stops), and after `fg` (which sends
+    no SIGCONT to a job that runs) the rank does."""
+    argv = job.argv("--nproc", "1", "--supervisor", supervisor, script=script(job, "a.py", ASK_ONE))
+    Path(job.dir, "run.sh").write_text(f"exec {' '.join(argv)} 2>/dev/null\n")
+    plan = [
+        {"expect": "$ "},
+        {"send": f"cd {job.dir}; sh run.sh &\r"},  # Enter: a terminal sends CR
+        {"expect": "name? "},
+        {"send": "echo shell-$((40 + 2))\r"},
+        {"expect": "shell-42"},
+        {"send": "fg\r"},
+        {"expect": "sh run.sh"},
+        {"send": "bob\r"},
+        {"expect": "got 'bob'"},
+        {"expect": "$ "},
+        {"send": "exit\r"},
+    ]
+    shell = ["env", "PS1=$ ", "bash", "--norc", "-i"]
+    shown = result(job.box.run(at_terminal(plan, shell), capture_output=True, timeout=300))
+    assert shown["failed"] is None, shown["screen"]
+    assert "got 'bob'" in shown["screen"] and "Stopped" not in shown["screen"], shown["screen"]
+    assert_clean(job)
