@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import socket
+import sys
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,9 +22,13 @@ from gpulaunch.base.stdin import StdinRelay, others_line, relayable
 from gpulaunch.cli import build_parser
 from gpulaunch.errors import UsageError
 from gpulaunch.logs.output import Output, OutputOptions, Stream
+from gpulaunch.model import Cause
 from gpulaunch.options import start_options
 from gpulaunch.plan.spec import draft_job
+from gpulaunch.supervisor.systemd import SystemdSupervisor
+from gpulaunch.watcher.loop import Watcher
 from tests.unit.test_output import Screen
+from tests.unit.test_watcher import FakeSystemd, make_job, no_children_left
 
 
 @pytest.fixture
@@ -195,3 +204,39 @@ def test_a_stdin_rank_the_job_does_not_have_is_refused(tmp_path: os.PathLike[str
     args = build_parser().parse_args(["start", "--nproc", "2", "--stdin-rank", "2", script])
     with pytest.raises(UsageError, match="--stdin-rank 2: the job's ranks are 0 to 1"):
         draft_job(start_options(args), dict(os.environ), str(tmp_path))
+
+
+def test_ctrl_c_reaches_running_ranks_as_sigint_once(
+    wakeup: tuple[int, socket.socket], tmp_path: Path
+) -> None:
+    """The watcher's first SIGINT while the ranks run: each rank's group gets SIGINT (its
+    `except KeyboardInterrupt:` runs: it exits 5), not the gang stop's SIGTERM; the job's
+    status is 130 and nothing was killed."""
+    ready = tmp_path / "ready"
+    os.mkfifo(ready)
+    code = (
+        f"import time\ntry:\n    open({str(ready)!r}, 'w').write('x')\n"
+        "    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(5)\n"
+    )
+    rank = [sys.executable, "-c", code]
+    sd = FakeSystemd()
+    spec, units = make_job([rank, rank])
+
+    def interrupt_when_running() -> None:
+        seen = 0
+        while seen < 2:  # each rank writes once; a writer's close may end one open
+            with open(ready, "rb") as fifo:
+                seen += fifo.read().count(b"x")
+        wakeup[1].send(bytes([signal.SIGINT]))
+
+    thread = threading.Thread(target=interrupt_when_running, daemon=True)
+    thread.start()
+    report = Watcher(spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path).run()
+    thread.join(10)
+    assert (report.status, report.cause) == (130, Cause.INTERRUPTED)
+    assert [(r.exit.code, r.exit.stopped_by_watcher) for r in report.ranks if r.exit] == [
+        (5, True),
+        (5, True),
+    ]
+    assert not any(call[0] == "kill" for call in sd.calls)
+    assert no_children_left()
