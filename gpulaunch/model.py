@@ -78,6 +78,7 @@ class JobSpec:
     node_config: NodeConfig | None = None  # multi-node: how this node joins the others
     layout: Layout | None = None  # multi-node: where the rendezvous put this node
     signal_whole_rank: bool = False  # SIGUSR1/2 to every process of a rank, not only its main
+    stdin_rank: int | None = 0  # the rank that reads the watcher's stdin (watcher/terminal.py)
     stragglers: StragglerRule = StragglerRule()  # --straggler-factor, --straggler-steps
     gpu_job_map: Path | None = None  # --gpu-job-map: DCGM's GPU -> job files (schedulers/)
     termination_log: Path | None = None  # Kubernetes' termination message (schedulers/)

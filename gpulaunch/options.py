@@ -304,8 +304,24 @@ def add_start_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pass SIGUSR1/SIGUSR2 on to every process of each rank, not only its main one",
     )
+    p.add_argument(
+        "--stdin-rank",
+        type=_stdin_rank,
+        default=0,
+        metavar="N|none",
+        help="the rank that reads gpulaunch's stdin, e.g. the terminal for input() or pdb "
+        "(default: 0); the others read /dev/null",
+    )
     p.add_argument("script", help="the training script (run with this Python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def _stdin_rank(text: str) -> int | None:
+    if text == "none":
+        return None
+    if not text.isdigit() or int(text) >= 1 << 31:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank: give a number, or none")
+    return int(text)
 
 
 def _gpu_list(text: str) -> tuple[int, ...] | LeaseRequest:
@@ -450,6 +466,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
             local_addr=args.local_addr,
         ),
         signal_whole_rank=args.signal_whole_rank,
+        stdin_rank=args.stdin_rank,
         supervisor=SupervisorKind(args.supervisor),
         gpu_lease=args.gpus if isinstance(args.gpus, LeaseRequest) else None,
         wait_for_gpus=args.wait_for_gpus,

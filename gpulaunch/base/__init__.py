@@ -11,7 +11,8 @@
 - `userbus.py`: finding the user's manager, on the user bus or its private socket;
 - `journald.py`: one journal entry written with journald's native protocol;
 - `nvml.py`: NVML started, or why not (the one place that imports pynvml);
-- `argtext.py`: printable argument text where only UTF-8 will do.
+- `argtext.py`: printable argument text where only UTF-8 will do;
+- `stdin.py`: the terminal relayed to the rank that reads it (`--stdin-rank`).
 
 Nothing here imports a feature folder (docs/architecture.md draws the layers;
 `lint-imports` checks them).

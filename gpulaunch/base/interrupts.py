@@ -1,5 +1,6 @@
-"""SIGINT, SIGTERM and SIGHUP (stops) and SIGUSR1, SIGUSR2 (notices for the ranks,
-Slurm's `--signal=USR1@90`) as bytes on a socket that an event loop selects on."""
+"""SIGINT, SIGTERM and SIGHUP (stops), SIGUSR1, SIGUSR2 (notices for the ranks,
+Slurm's `--signal=USR1@90`) and SIGCONT (`fg`) as bytes on a socket that an event loop
+selects on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 
 INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 NOTICES = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # passed on to the ranks; the job goes on
+RESUMED = signal.SIGCONT  # `fg`: the terminal may be ours to read again (base/stdin.py)
 
 
 def install_wakeup() -> int:
@@ -17,7 +19,7 @@ def install_wakeup() -> int:
     for sock in (read_end, write_end):
         sock.setblocking(False)
     signal.set_wakeup_fd(write_end.detach(), warn_on_full_buffer=False)
-    for signum in INTERRUPTS | NOTICES:
+    for signum in INTERRUPTS | NOTICES | {RESUMED}:
         signal.signal(signum, lambda *_: None)
     return read_end.detach()
 
@@ -39,4 +41,4 @@ def pending(wakeup_fd: int) -> list[int]:
         data = os.read(wakeup_fd, 64)
     except BlockingIOError:
         return []
-    return [signum for signum in data if signum in INTERRUPTS | NOTICES]
+    return [signum for signum in data if signum in INTERRUPTS | NOTICES | {RESUMED}]

@@ -85,6 +85,8 @@ CHILD_SIGNALS = (
     signal.SIGHUP,
     signal.SIGUSR1,
     signal.SIGUSR2,
+    signal.SIGTTIN,  # ignored by a watcher that relays the terminal (base/stdin.py)
+    signal.SIGCONT,
 )
 
 

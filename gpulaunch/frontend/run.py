@@ -43,6 +43,7 @@ from dbus_fast.errors import AuthError, InvalidAddressError
 
 from gpulaunch.base.detach import STARTED, tail_overlap
 from gpulaunch.base.names import unit_object_path
+from gpulaunch.base.stdin import StdinRelay, others_line
 from gpulaunch.base.userbus import LINGER_HINT, UserManager
 from gpulaunch.errors import (
     AccessDeniedError,
@@ -123,6 +124,20 @@ class _FrontEnd:
         self.main_exit: dict[str, int] = {}
         self.lost = False  # the bus went away under us
         self.watcher = -1  # a pidfd of the watcher, once our name ties it to us
+        self.relay: StdinRelay | None = None  # the terminal, for the watcher's stdin rank
+
+    def _stdin(self, loop: asyncio.AbstractEventLoop) -> int:
+        """The watcher's stdin: our terminal through a pipe we fill (base/stdin.py: the
+        watcher, in no session of the terminal's, may not read it itself), else ours."""
+        if self.spec.stdin_rank is None or not os.isatty(0):
+            return 0
+        line = others_line(self.spec.stdin_rank, self.spec.world_size)
+        if line is not None:
+            print(line, file=sys.stderr)
+        self.relay = StdinRelay(0)
+        self.relay.attach(loop)
+        loop.add_signal_handler(signal.SIGCONT, self.relay.resume)
+        return self.relay.rank_end()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -134,13 +149,20 @@ class _FrontEnd:
             await self._watch_unit()
             if self.detach:
                 return await self._run_detached()
-            await self._start((0, 1, 2))
+            stdin = self._stdin(loop)
+            try:
+                await self._start((stdin, 1, 2))
+            finally:
+                if stdin != 0:  # the watcher has its copy (or none was made)
+                    os.close(stdin)
             return await self._until_ended()
         except _Interrupted as exc:
             return 128 + exc.signum  # before anything was created
         finally:
             self.bus.disconnect()  # drops AddRef: systemd collects the ended service
             noticed.cancel()
+            if self.relay is not None:
+                self.relay.close()
             if self.watcher >= 0:
                 os.close(self.watcher)
 

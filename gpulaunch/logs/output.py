@@ -97,6 +97,7 @@ class _LineBuffer:
     long_end: bytes = b""
     long_dropped: int = 0
     raised_at: float | None = None  # when it last began a Python traceback (stderr)
+    shown: int = 0  # bytes of `partial` already on the screen (the stdin rank's prompt)
 
     def remember(self, lines: list[bytes]) -> None:
         """The last lines of a chunk (the first may end a long line), final and clipped."""
@@ -150,6 +151,11 @@ class Output:
         self._last_line: dict[int, float] = {}  # rank -> time.time() of its last complete line
         self.last_data_at = 0.0  # time.monotonic() of the last output of any rank (--hang-timeout)
         self.spool: LineKeeper | None = None  # a detached job without journald keeps its lines here
+        # The rank that reads the terminal (watcher/terminal.py): its line so far is shown at
+        # once (a prompt waits for input without a newline); `_open`: the stream whose shown
+        # line the cursor still ends, until a typed line (its echo) or other output ends it.
+        self.prompt_rank: int | None = None
+        self._open: tuple[int, Stream] | None = None
         for term in (self.stdout, self.stderr):
             term.on_drained = self._resume
         if options.log_dir is not None:
@@ -279,6 +285,7 @@ class Output:
             text = bytes(buf.partial) + chunk[:cut]
             lines = text.split(b"\n")
             buf.partial = bytearray(chunk[cut + 1 :])
+            shown, buf.shown = buf.shown, 0
             buf.lines += len(lines)
             buf.entries += journal_entries(text, lines)
             buf.remember(lines)
@@ -287,18 +294,21 @@ class Output:
             self._last_line[rank] = time.time()
             if self.spool is not None:
                 self.spool.lines(rank, stream is Stream.STDERR, lines)
-            self._lines(rank, stream, lines)
+            self._lines(rank, stream, lines, shown)
         else:
             buf.partial += chunk
         while len(buf.partial) > MAX_LINE:
             piece = bytes(buf.partial[:MAX_LINE])
             del buf.partial[:MAX_LINE]
             buf.piece(piece)
+            shown, buf.shown = min(buf.shown, MAX_LINE), max(buf.shown - MAX_LINE, 0)
             if self.spool is not None:
                 self.spool.lines(rank, stream is Stream.STDERR, [piece])
-            self._lines(rank, stream, [piece])
+            self._lines(rank, stream, [piece], shown)
         if b"\r" in buf.partial:
             self._progress(rank, stream, bytes(buf.partial))
+        elif buf.partial and rank == self.prompt_rank:
+            self._prompt(rank, stream, buf)
         self._maybe_pause()
 
     def _write_file(self, rank: int, chunk: bytes) -> None:
@@ -332,9 +342,10 @@ class Output:
             buf.entries += journal_entries(line, [line])
             buf.partial.clear()
             buf.remember([line])
+            shown, buf.shown = buf.shown, 0
             if self.spool is not None:
                 self.spool.lines(rank, stream is Stream.STDERR, [line])
-            self._lines(rank, stream, [line])
+            self._lines(rank, stream, [line], shown)
 
     # -- showing ------------------------------------------------------------
 
@@ -350,25 +361,62 @@ class Output:
     def _terminal(self, stream: Stream) -> Terminal:
         return self.stdout if stream is Stream.STDOUT else self.stderr
 
-    def _lines(self, rank: int, stream: Stream, lines: list[bytes]) -> None:
+    def _lines(self, rank: int, stream: Stream, lines: list[bytes], shown: int = 0) -> None:
+        """Complete lines; `shown`: bytes of the first already on the screen (a prompt)."""
         if not self._shown(rank):
+            return
+        term = self._terminal(stream)
+        rest = b""
+        if shown:  # the line a prompt began: the cursor may still end it, else a line of its own
+            lines[0] = lines[0][shown:]
+            if self._open == (rank, stream):
+                rest, lines = lines[0] + b"\n", lines[1:]
+                self._open = None
+        self._end_open()
+        if not lines:
+            term.write(rest)
             return
         prefix = self._prefix(rank)
         text = (b"\n" + prefix).join(lines)
         if b"\r" in text:
             text = (b"\n" + prefix).join(final_state(line) for line in lines)
-        term = self._terminal(stream)
         on_screen = term.is_tty and bool(self._drawn or self._bars)
         if on_screen:
             self._erase_bars()
-        term.write(prefix + text + b"\n")
+        term.write(rest + prefix + text + b"\n")
         if on_screen:
             self._draw_bars()
+
+    def _prompt(self, rank: int, stream: Stream, buf: _LineBuffer) -> None:
+        """The stdin rank's line so far, on the screen now: it may ask for input."""
+        term = self._terminal(stream)
+        new = bytes(buf.partial[buf.shown :])
+        if not new or not term.is_tty or not self._shown(rank):
+            return
+        if self._open != (rank, stream):
+            self._end_open()
+            self._erase_bars()
+            new = self._prefix(rank) + new
+        term.write(new)
+        buf.shown = len(buf.partial)
+        self._open = (rank, stream)
+
+    def _end_open(self) -> None:
+        """Other output comes: the shown part of a line (a prompt) ends where it is."""
+        if self._open is not None:
+            self._terminal(self._open[1]).write(b"\n")
+            self._open = None
+
+    def input_seen(self, data: bytes) -> None:
+        """The stdin rank was given `data`: a typed line's echo took the cursor to a new line."""
+        if b"\n" in data or b"\r" in data:
+            self._open = None
 
     def _progress(self, rank: int, stream: Stream, partial: bytes) -> None:
         if not self._shown(rank) or not self._terminal(stream).is_tty:
             return  # off a terminal, only the final state of the line is shown
         current = partial.rsplit(b"\r", 1)[-1] or partial.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+        self._end_open()
         self._erase_bars()
         self._bars[(rank, stream)] = current
         self._draw_bars()
@@ -406,6 +454,7 @@ class Output:
         on_screen = self.stderr.is_tty and bool(self._drawn)
         if on_screen:
             self._erase_bars()
+        self._end_open()
         self.stderr.write(text.encode() + b"\n")
         if on_screen:
             self._draw_bars()
@@ -438,6 +487,7 @@ class Output:
                 self._loop.remove_reader(fd)
             os.close(fd)
         self._pipes.clear()
+        self._end_open()
         self._erase_bars()
         for term in (self.stdout, self.stderr):
             term.drain()

@@ -85,6 +85,7 @@ class StartOptions:
     max_restarts: int = 0
     nodes: NodeOptions = NodeOptions()  # --nnodes, --node-rank, --rdzv-*, --local-addr
     signal_whole_rank: bool = False  # --signal-whole-rank
+    stdin_rank: int | None = 0  # --stdin-rank (None: none)
     supervisor: SupervisorKind = SupervisorKind.AUTO  # --supervisor (supervisor/choose.py)
     # --gpus auto:N, --wait-for-gpus: leased before the plan (gpulaunch/leases/)
     gpu_lease: LeaseRequest | None = None
@@ -201,6 +202,11 @@ def draft_job(
     nproc = resolve_nproc(opts.nproc, opts.resources, base_env, machine)
     places = place_ranks(opts.resources, nproc, base_env, machine)
     node_config = nodes.for_job(job, nproc)
+    if node_config is None and opts.stdin_rank is not None and opts.stdin_rank >= nproc:
+        raise UsageError(
+            f"--stdin-rank {opts.stdin_rank}: the job's ranks are 0 to {nproc - 1}",
+            "give one of them, or --stdin-rank none",
+        )
     if node_config is not None and importlib.util.find_spec("torch") is None:
         raise UsageError(
             f"a job of several nodes needs torch in gpulaunch's Python ({sys.executable}): "
@@ -281,6 +287,7 @@ def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
         node_config=node_config,
         layout=layout,
         signal_whole_rank=opts.signal_whole_rank,
+        stdin_rank=opts.stdin_rank,
         stragglers=opts.stragglers,
         gpu_job_map=opts.schedulers.gpu_job_map,
         termination_log=termination_path(opts.schedulers.termination_log, os.environ),

@@ -17,7 +17,8 @@
 - `unmanaged.py`: ranks whose manager is gone, ended by the watcher itself;
 - `keep.py`: the direct supervisor's keeper, seen from `gpulaunch start`;
 - `launcher.py`: whether a SIGTERM to the watcher is its launcher's death (keeper, front
-  end).
+  end);
+- `terminal.py`: the stdin rank's input (`--stdin-rank`), Ctrl-C passed on as SIGINT.
 
 How the ranks are contained is not decided here: see `gpulaunch.supervisor`.
 """

@@ -23,20 +23,24 @@ def fork_rank(
     target: JournalTarget | None,
     death_signal: int,
     born: Callable[[Rank], None],
+    stdin: Callable[[int], tuple[int, bool]] | None = None,
 ) -> tuple[int, int]:
     """Fork `rank` (its `child`) and its log pump (its `pump`), both held at their gates.
 
     `born(rank)` is told as soon as the rank's process exists, before its pump is forked,
-    so that a failure forking the pump leaves no rank unwatched. Returns the read ends of
-    the live stdout and stderr pipes, for the terminal's output.
+    so that a failure forking the pump leaves no rank unwatched. `stdin(rank)`: the rank's
+    fd 0 and whether to close it here (watcher/terminal.py; None: the watcher's). Returns
+    the read ends of the live stdout and stderr pipes, for the terminal's output.
     """
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     live_out_r, live_out_w = os.pipe()
     live_err_r, live_err_w = os.pipe()
     hold_r = rank.hold_pump()  # the pump's exit waits for the watcher's read of the cgroup
+    stdin_fd, own = stdin(rank.spec.rank) if stdin is not None else (0, False)
     try:
-        fds = {1: out_w, 2: err_w, **rank_fds()}  # a GPU lease lasts as long as its ranks
+        # a GPU lease lasts as long as its ranks
+        fds = {0: stdin_fd, 1: out_w, 2: err_w, **rank_fds()}
         rank.child = spawn_held(rank.spec.argv, dict(env), fds, death_signal)
         born(rank)
         rank.pump = fork_held(
@@ -58,4 +62,6 @@ def fork_rank(
     finally:
         for fd in (out_r, out_w, err_r, err_w, live_out_w, live_err_w, hold_r):
             os.close(fd)
+        if own:
+            os.close(stdin_fd)
     return live_out_r, live_err_r

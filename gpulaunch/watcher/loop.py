@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from gpulaunch.base.interrupts import NOTICES, pending
+from gpulaunch.base.interrupts import NOTICES, RESUMED, pending
 from gpulaunch.base.procs import kill_and_reap, reap
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.journal import journal_limit
@@ -45,6 +45,7 @@ from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
 from gpulaunch.watcher.rounds import next_round, on_elsewhere
 from gpulaunch.watcher.settle import Settle
+from gpulaunch.watcher.terminal import RankStdin, ctrl_c
 from gpulaunch.watcher.unmanaged import end_ranks
 
 
@@ -89,6 +90,7 @@ class Watcher(EventLoop):
         self.start_error: GpulaunchError | None = None
         self.observers = tuple(observers)
         self.output = output or Output(OutputOptions(), spec.world_size)
+        self.stdin = RankStdin(spec.stdin_rank, spec.world_size, self.output)  # --stdin-rank
         self.journal = journal  # whether the pumps write to journald
         self.attempt = spec.layout.attempt if spec.layout else 0  # restarts so far, any node
         self._settle = Settle(spec.grace_sec)  # see _finished
@@ -123,6 +125,7 @@ class Watcher(EventLoop):
             self.supervisor.attach(self._aio, self._watch, self)
             self.output.attach(self._aio, self._poke, self._watch)
             stack.callback(self.output.close)
+            self.stdin.attach(self._aio, stack, self.supervisor)
             for observer in self.observers:
                 observer.attach(self.progress(), self.request_stop, self._aio)
             if self.nodes is not None:
@@ -259,7 +262,7 @@ class Watcher(EventLoop):
         # The peer shares our containment: it outlives us just long enough to tell
         # the other nodes that we died.
         pids = (os.getpid(),) if self.nodes is None else (os.getpid(), self.nodes.peer.pid)
-        self._run(self.supervisor.create(pids))
+        self._run(self.supervisor.create((*pids, *self.stdin.readers)))
 
     def _start_ranks(self) -> None:
         """Fork every rank at its gate and ask the supervisor to contain it; the gates open
@@ -306,7 +309,7 @@ class Watcher(EventLoop):
             self._watch(rank.child.pidfd, lambda: self._on_exit(rank))
 
         death = self.supervisor.parent_death_signal
-        live_out_r, live_err_r = fork_rank(rank, env, target, death, born)
+        live_out_r, live_err_r = fork_rank(rank, env, target, death, born, self.stdin.fd_for)
         assert rank.pump is not None
         self.pump_pids.setdefault(rank.spec.rank, []).append(rank.pump.pid)
         self._watch(rank.pump.pidfd, self._pump_handler(rank))
@@ -321,11 +324,13 @@ class Watcher(EventLoop):
                 self._preempt(signum)
             elif signum in NOTICES:  # not a stop: passed on to the ranks
                 self.signal_ranks(signum)
+            elif signum == RESUMED:  # `fg`: read the terminal again (watcher/terminal.py)
+                self.stdin.resume()
             # A stop from outside that reaches our own scope sends us a SIGTERM
             # too: that one is still the first signal, not a second interrupt.
             elif not self._signalled:
                 self._signalled = True
-                self._interrupted(signum, self.why_signalled(signum))
+                self._interrupted(signum, self.why_signalled(signum), stop=not ctrl_c(self, signum))
             else:
                 self._kill_now()
 

@@ -245,8 +245,8 @@ def test_a_signal_to_the_jobs_process_group_reaches_the_watcher_once(
     mode: str, ct: Container, work: Path
 ) -> None:
     """^C (or bash's `kill %1`) signals the whole process group; the keeper passes it on
-    and the watcher, a process group of its own, gets it once: a graceful stop (SIGTERM to
-    the ranks, 130), not the "second signal" kill."""
+    and the watcher, a process group of its own, gets it once: a graceful stop (SIGINT to
+    the ranks, as under torchrun; 130), not the "second signal" kill."""
     _, ro = MODES[mode]
     cmd = start(work, ro, "group", "--sleep", "300")
     pgid = "$(cut -d' ' -f5 /proc/$w/stat) $(cut -d' ' -f5 /proc/$k/stat)"
@@ -258,7 +258,7 @@ def test_a_signal_to_the_jobs_process_group_reaches_the_watcher_once(
     assert watcher != keeper, res.stdout  # the group's signals reach the keeper alone
     assert "rc=130" in res.stdout, res.stdout
     report = res.stdout.split("stopped by SIGINT", 1)[-1]
-    assert "SIGTERM  stopped" in report and "SIGKILL" not in report, res.stdout
+    assert "SIGINT  stopped" in report and "SIGKILL" not in report, res.stdout
 
 
 def test_watcher_sigkill_as_pid1_ends_the_container(ct: Container, work: Path) -> None:
