@@ -36,8 +36,9 @@ if mode == "--oom":
     while rank == 1:  # until the container's memory limit's OOM killer ends it
         hog.append(bytearray(8 << 20))
     time.sleep(600)
-if mode == "--preempt":  # saves for a second on the notice, then ends
+if mode == "--preempt":  # says it runs (a file in /srv/out), saves for a second on the notice
     signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))
+    open(f"/srv/out/ready{rank}", "w").close()
     time.sleep(600)
 """
 

@@ -67,23 +67,27 @@ def test_a_preempted_pod_says_so(vm: Machine, image: str) -> None:
     """`podman stop` (the kubelet's SIGTERM to PID 1), --preempt-grace: the ranks save, 79."""
     job = f"tmp-{uuid.uuid4().hex[:6]}"
     path = _log(vm, job)
-    name = f"gl-{job}"
+    name, out = f"gl-{job}", f"{JOB_DIR}/out-{job}"
+    vm.run(f"rm -rf {out} && mkdir -p {out}", check=True)
     argv = ["podman", "run", "-d", "--name", name, "--network", "host",
-            "-v", f"{JOB_DIR}:/srv/job:ro", "-v", f"{path}:/dev/termination-log",
-            "-w", "/srv/job", image, "gpulaunch", "start", "--job", job, "--nproc", "2",
-            "--preempt-grace", "30", "train.py", "--preempt"]  # fmt: skip
+            "-v", f"{JOB_DIR}:/srv/job:ro", "-v", f"{out}:/srv/out",
+            "-v", f"{path}:/dev/termination-log", "-w", "/srv/job", image,
+            "gpulaunch", "start", "--job", job, "--nproc", "2", "--preempt-grace", "30",
+            "train.py", "--preempt"]  # fmt: skip
     vm.run(shlex.join(argv), check=True)
     try:
         began = vm.run(
-            f"for i in $(seq 600); do podman logs {name} 2>&1 | grep -c 'rank . of 2' | grep -q 2"
-            " && exit 0; sleep 0.5; done; exit 1",
-            timeout=400,
+            f"for i in $(seq 1200); do [ -e {out}/ready0 ] && [ -e {out}/ready1 ] && exit 0;"
+            f" [ \"$(podman inspect -f '{{{{.State.Running}}}}' {name})\" = true ] || exit 2;"
+            " sleep 0.5; done; exit 1",
+            timeout=700,
         )
-        assert began.returncode == 0, vm.run(f"podman logs {name} 2>&1").stdout
+        logs = vm.run(f"podman logs {name} 2>&1").stdout
+        assert began.returncode == 0, (began.returncode, logs)
         vm.run(f"podman stop -t 60 {name}", check=True, timeout=120)
-        code = int(vm.run(f"podman wait {name}", check=True).stdout.strip())
-        out = vm.run(f"podman logs {name} 2>&1").stdout
-        assert code == 79, out
+        code = vm.run(f"podman wait {name}", check=True).stdout.strip()
+        logs = vm.run(f"podman logs {name} 2>&1").stdout
+        assert code == "79", logs
     finally:
         vm.run(f"podman rm -f {name}")
     lines = _message(vm, path)
