@@ -27,8 +27,7 @@ from gpulaunch.options import start_options
 from gpulaunch.plan.spec import draft_job
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_output import Screen
-from tests.unit.test_watcher import FakeSystemd, make_job, no_children_left
+from tests.unit.fakes import FakeSystemd, Screen, make_job, no_children_left
 
 
 @pytest.fixture
