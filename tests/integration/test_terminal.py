@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import REPO, Job, assert_clean
-from tests.integration.test_frontend import Login, assert_user_clean, make_user
+from tests.integration.shared import Login, assert_user_clean, make_user
 
 pytestmark = pytest.mark.integration
 
