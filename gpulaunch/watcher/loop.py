@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpulaunch.base.interrupts import NOTICES, pending
 from gpulaunch.base.procs import kill_and_reap, reap
+from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.journal import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
@@ -24,7 +25,7 @@ from gpulaunch.logs.pump import JournalTarget, journal_status
 from gpulaunch.logs.width import rank_columns
 from gpulaunch.model import JobProgress, JobReport, JobSpec, Phase, RankExit, RankState, job_outcome
 from gpulaunch.multinode.othernodes import OtherNodes
-from gpulaunch.multinode.peerlink import PeerLink
+from gpulaunch.multinode.peerlink import Interrupted, PeerLink
 from gpulaunch.multinode.rounds import Next
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.progress.channel import ProgressChannel
@@ -43,7 +44,7 @@ from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.origin import blame_teardown
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
-from gpulaunch.watcher.rounds import next_round, on_elsewhere
+from gpulaunch.watcher.rounds import next_round
 from gpulaunch.watcher.settle import Settle
 from gpulaunch.watcher.unmanaged import end_ranks
 
@@ -102,7 +103,7 @@ class Watcher(EventLoop):
         self.steps = ProgressChannel(spec, lambda: self.ranks, self.output.message, journal)
         if peer is not None:
             assert spec.layout is not None
-            self.nodes = OtherNodes(peer, spec.layout, clock, lambda f: on_elsewhere(self, f))
+            self.nodes = OtherNodes(peer, spec.layout, clock, self._elsewhere)
 
     # -- the loop ---------------------------------------------------------
 
@@ -153,7 +154,7 @@ class Watcher(EventLoop):
     def _restart(self) -> bool:
         """After a failure, start the gang again if recovery/ says so (--max-restarts, ...)."""
         if self.nodes is not None:  # every node's gang, together (watcher/rounds.py)
-            return next_round(self)
+            return self._next_round(self.nodes)
         report, stopping = self.report(), self._stopping_asked()  # (its cause rank's error read)
         self.recovery.stepped = any(rank.steps is not None for rank in self.ranks)
         if not self.recovery.restart(report, self._exits(), stopping, self.output.message):
@@ -161,6 +162,26 @@ class Watcher(EventLoop):
         self.attempt += 1
         self.new_attempt()
         return True
+
+    def _next_round(self, nodes: OtherNodes) -> bool:
+        try:
+            new = next_round(nodes, self.spec, self.wakeup_fd, self.output.message)
+        except Interrupted as exc:
+            self.interrupt = (self.clock(), exc.exit_code - 128)
+            return False
+        except GpulaunchError as exc:  # the rendezvous failed (NodeLinkError): said as at start
+            self.start_error = exc
+            return False
+        if new is not None:
+            self.spec, self.attempt = new.spec, new.attempt
+            self.new_attempt(new.units)
+        return new is not None
+
+    def _elsewhere(self, failure: NodeFailure) -> None:
+        """Another node failed first: stop ours."""
+        self.output.message(f"gpulaunch: {failure.describe()}; stopping this node's ranks")
+        if self.phase is not Phase.STARTING:
+            self._begin_stop()
 
     def new_attempt(self, units: JobUnits | None = None) -> None:
         """The gang of the next attempt, in new containment (the last one stopped);
