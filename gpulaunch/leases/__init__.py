@@ -5,5 +5,6 @@ store.py: the per-GPU lock files under /run/gpulaunch/gpus and taking them;
 holders.py: who holds a GPU (the kernel's /proc/locks, the holders' notes), for refusals
 and `gpulaunch list`;
 health.py: the NVML gate before the start and each restart;
-accounting.py: the GPU use of a finished job, for its report and record.
+accounting.py: the GPU use of a finished job, for its report and record;
+part.py: all three as one of the job's parts (gpulaunch/parts.py), called by the watcher.
 """

@@ -15,9 +15,6 @@ one small interface, `Supervisor`, and never to systemd itself:
   was written: the others stop while its own exit is awaited);
 - `kill_gang`: SIGKILL every rank now (a second Ctrl-C);
 - `renew_gang`: containment for a new attempt after a gang stop (restarts);
-  `restart_check`, when set, runs after the first rank of such an attempt is
-  placed, its error that attempt's start error (the GPU health gate;
-  gpulaunch/supervisor/restartcheck.py);
 - `signal_rank`: a notice (SIGUSR1/2) to every process of one rank;
 - `parent_death_signal`: what the kernel sends the processes the watcher forks
   when it dies (0: nothing; the supervisor stops them another way).
@@ -71,7 +68,6 @@ class Supervisor(Protocol):
 
     name: str  # how the start line and `gpulaunch doctor` call it
     parent_death_signal: int  # PR_SET_PDEATHSIG of every process the watcher forks; 0: none
-    restart_check: Callable[[], None] | None  # after a renewal's first `place` (restartcheck.py)
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents

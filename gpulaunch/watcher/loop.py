@@ -7,7 +7,6 @@ a deadline wakes it: no polling (the grace is systemd.kill(5)'s; watcher/eventlo
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -27,12 +26,14 @@ from gpulaunch.model import JobProgress, JobReport, JobSpec, Phase, RankExit, Ra
 from gpulaunch.multinode.othernodes import OtherNodes
 from gpulaunch.multinode.peerlink import Interrupted, PeerLink
 from gpulaunch.multinode.rounds import Next
+from gpulaunch.parts import Controls, Part, Parts
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.progress.channel import ProgressChannel
 from gpulaunch.recovery.settings import RecoveryOptions
 from gpulaunch.recovery.tracker import Recovery
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.units.definitions import JobUnits
+from gpulaunch.watcher.drops import LostOutput
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
 from gpulaunch.watcher.eventloop import EventLoop
@@ -40,7 +41,6 @@ from gpulaunch.watcher.final import UsageReader
 from gpulaunch.watcher.forkrank import fork_rank
 from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.notices import pass_on, preempt
-from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.origin import blame_teardown
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
@@ -50,22 +50,21 @@ from gpulaunch.watcher.unmanaged import end_ranks
 
 
 class Watcher(EventLoop):
-    """Runs one job to its end and returns its `JobReport`."""
+    """Runs one job to its end and returns its `JobReport`; `parts`: the job's optional
+    parts, called in the list's order at the points gpulaunch/parts.py names."""
 
     def __init__(
         self,
         spec: JobSpec,
         supervisor: Supervisor,
         wakeup_fd: int,
+        parts: Sequence[Part] = (),
         clock: Callable[[], float] = time.monotonic,
-        on_created: Callable[[], None] = lambda: None,
-        observers: Sequence[Observer] = (),
         output: Output | None = None,
         journal: bool = False,
         runtime_dir: Path | None = None,
         peer: PeerLink | None = None,
         hang: HangWatch | None = None,
-        finish: Callable[[JobReport], JobReport] = lambda report: report,
         recovery: RecoveryOptions | None = None,
     ) -> None:
         super().__init__()
@@ -74,8 +73,6 @@ class Watcher(EventLoop):
         self.wakeup_fd = wakeup_fd
         os.set_blocking(wakeup_fd, False)  # read between forks too, not only when readable
         self.clock = clock
-        self.on_created = on_created  # called once the job's units exist
-        self.finish = finish
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r, units=supervisor.name != "direct") for r in spec.ranks]
         self.pump_pids: dict[int, list[int]] = {}  # rank -> its pumps' pids, every attempt
@@ -86,9 +83,10 @@ class Watcher(EventLoop):
         self.stop_issued = False
         self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
-        self.observers = tuple(observers)
+        self.parts = Parts(parts)
         self.output = output or Output(OutputOptions(), spec.world_size)
         self.journal = journal  # whether the pumps write to journald
+        self._lost = LostOutput(spec, self.output, journal)  # the report's lost lines
         self.attempt = spec.layout.attempt if spec.layout else 0  # restarts so far, any node
         self._settle = Settle(spec.grace_sec)  # see _finished
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
@@ -120,8 +118,10 @@ class Watcher(EventLoop):
             self.supervisor.attach(self._aio, self._watch, self)
             self.output.attach(self._aio, self._poke, self._watch)
             stack.callback(self.output.close)
-            for observer in self.observers:
-                observer.attach(self.progress(), self.request_stop, self._aio)
+            stack.callback(self.parts.close)
+            self.parts.attach(
+                self.progress(), Controls(self.request_stop, self.signal_ranks), self._aio
+            )
             if self.nodes is not None:
                 self.nodes.attach(self._watch, self._aio.remove_reader)
             self._create_job_units(stack)
@@ -131,7 +131,7 @@ class Watcher(EventLoop):
             self._written = stack.enter_context(ErrorFileWatch())
             self._watch(self._written.fileno(), self._on_error_file)
             self.steps.attach(stack, self._aio, self._watch, lambda: self._notify(None))
-            self.on_created()
+            self.parts.created()
             while True:
                 if not self._stopping_asked():
                     self._start_ranks()
@@ -141,12 +141,11 @@ class Watcher(EventLoop):
                 if not self._restart():
                     break
             self._set_phase(Phase.DONE)
-            report = self.finish(self.report())  # what the output knows (logs lost) added
-            progress = self.progress()
-            for observer in self.observers:  # also after a failed start: it is recorded too
-                self._aio.run_until_complete(
-                    asyncio.wait_for(observer.finished(progress, report), FINISH_TIMEOUT)
-                )
+            report = self.parts.complete(
+                self._lost.complete(self.report(), self.ranks, self.pump_pids)
+            )
+            # also after a failed start: it is recorded too
+            self._aio.run_until_complete(self.parts.finished(self.progress(), report))
             if self.start_error is not None:
                 raise self.start_error
             return report
@@ -228,12 +227,8 @@ class Watcher(EventLoop):
         self._notify(rank)
 
     def _notify(self, rank: Rank | None) -> None:
-        if not self.observers:
-            return
-        progress = self.progress()
-        changed = rank.progress() if rank is not None else None
-        for observer in self.observers:
-            observer.changed(progress, changed)
+        if self.parts.parts:
+            self.parts.changed(self.progress(), rank.progress() if rank is not None else None)
 
     def progress(self) -> JobProgress:
         """The job as it is now, for observers."""
@@ -280,6 +275,11 @@ class Watcher(EventLoop):
     def _start_ranks(self) -> None:
         """Fork every rank at its gate and ask the supervisor to contain it; the gates open
         when it said every rank is contained (`placed`: systemd moves after its reply)."""
+        try:
+            self.parts.before_attempt(self.attempt)  # may it start? (the GPUs' health gate)
+        except GpulaunchError as exc:  # as a failed start: the gang stops, the job ends
+            self.start_error = exc
+            return
         for index, rank in enumerate(self.ranks):
             self._on_signal()  # a big job: hear a SIGTERM between two forks, not after the last
             if self.interrupt is not None or self.stop_issued:
@@ -310,6 +310,8 @@ class Watcher(EventLoop):
         env = attempt_environment(rank.spec.env, self.attempt, str(error_file))
         env.update(self.recovery.rank_environment(self._errors.root))
         env.update(self.steps.environment())
+        setup = self.parts.rank_setup(rank.spec, self.attempt)  # a GPU lease's fds
+        env.update(setup.env)
         out = self.output
         env.update(rank_columns(env, (out.stdout.fd, out.stderr.fd, 0), self.spec.world_size))
 
@@ -320,7 +322,7 @@ class Watcher(EventLoop):
             self._watch(rank.child.pidfd, lambda: self._on_exit(rank))
 
         death = self.supervisor.parent_death_signal
-        live_out_r, live_err_r = fork_rank(rank, env, target, death, born)
+        live_out_r, live_err_r = fork_rank(rank, env, target, death, born, setup.fds)
         assert rank.pump is not None
         self.pump_pids.setdefault(rank.spec.rank, []).append(rank.pump.pid)
         self._watch(rank.pump.pidfd, self._pump_handler(rank))
