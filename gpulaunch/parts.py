@@ -101,6 +101,9 @@ class Parts(Part):
     def __init__(self, parts: Sequence[Part] = ()) -> None:
         self.parts = tuple(parts)
 
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
     def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         for part in self.parts:
             part.attach(job, controls, loop)

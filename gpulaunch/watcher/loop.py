@@ -59,6 +59,7 @@ class Watcher(EventLoop):
         supervisor: Supervisor,
         wakeup_fd: int,
         parts: Sequence[Part] = (),
+        *,  # the loop's own, by name:
         clock: Callable[[], float] = time.monotonic,
         output: Output | None = None,
         journal: bool = False,
@@ -227,7 +228,7 @@ class Watcher(EventLoop):
         self._notify(rank)
 
     def _notify(self, rank: Rank | None) -> None:
-        if self.parts.parts:
+        if self.parts:  # (no snapshot for nobody)
             self.parts.changed(self.progress(), rank.progress() if rank is not None else None)
 
     def progress(self) -> JobProgress:
