@@ -170,6 +170,13 @@ def _interval(text: str) -> float:
     return value
 
 
+def _root_dir(text: str) -> Path:
+    """`setup --root DIR`: an empty one is a mistake (Path("") is ".", the current one)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: give a directory (--root . for this one)")
+    return Path(text)
+
+
 def _add_system_commands(sub: Any) -> None:
     """setup and doctor (gpulaunch/system/)."""
     p = sub.add_parser(
@@ -194,7 +201,7 @@ def _add_system_commands(sub: Any) -> None:
     p.add_argument("--uninstall", action="store_true", help="remove what setup installed")
     p.add_argument(
         "--root",
-        type=Path,
+        type=_root_dir,
         metavar="DIR",
         help="install under DIR instead of / (an image, a package); reloads nothing",
     )
@@ -384,9 +391,21 @@ def _internal_error(exc: BaseException, debug: bool) -> int:
     return INTERNAL_ERROR
 
 
+def _termination_message(args: argparse.Namespace, line: str, code: int) -> None:
+    """A start that ended in an error before any report: Kubernetes shows the line too."""
+    from gpulaunch.schedulers.termination import termination_path, write_message
+
+    path = termination_path(getattr(args, "termination_log", None), os.environ)
+    if path is not None:
+        write_message(
+            path, f"{line.removeprefix('gpulaunch: ')}\ncause: start-failed; status {code}\n"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
     debug = False  # a bad command line is never worth a traceback
+    args: argparse.Namespace | None = None
     try:
         argv = unpack_argv(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
@@ -414,8 +433,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if debug:
             traceback.print_exc()
         hint = f"; {exc.hint}" if exc.hint else ""
-        print(_one_line(f"gpulaunch: error: {exc.message}{hint}"), file=sys.stderr)
+        line = _one_line(f"gpulaunch: error: {exc.message}{hint}")
+        print(line, file=sys.stderr)
         code = exc.exit_code
+        if args is not None and getattr(args, "func", None) is cmd_start:
+            _termination_message(args, line, code)
     except Exception as exc:  # a bug: say so in one line, traceback with --debug
         code = _internal_error(exc, debug)
     sys.stdout.flush()

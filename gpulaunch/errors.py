@@ -15,7 +15,8 @@ Exit codes:
           GPUs or no lease store; a GPU the health gate refuses (gpulaunch/leases/);
           `--metrics-listen`: its address cannot be had (a port in use)
   70      internal error (a bug: rerun with --debug and report it)
-  71      systemd, or a job's watcher on the bus, refused or failed an operation
+  71      systemd, or a job's watcher on the bus, refused or failed an operation (or what
+          answers at a job's name is not a gpulaunch job)
   73      a job with this id is already running
   75      multi-node: the job stopped because another node was lost (its watcher died,
           it stopped answering, or the store it served went away)

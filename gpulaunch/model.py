@@ -9,6 +9,7 @@ import enum
 import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpulaunch.base.names import UnitNames
@@ -78,6 +79,8 @@ class JobSpec:
     layout: Layout | None = None  # multi-node: where the rendezvous put this node
     signal_whole_rank: bool = False  # SIGUSR1/2 to every process of a rank, not only its main
     stragglers: StragglerRule = StragglerRule()  # --straggler-factor, --straggler-steps
+    gpu_job_map: Path | None = None  # --gpu-job-map: DCGM's GPU -> job files (schedulers/)
+    termination_log: Path | None = None  # Kubernetes' termination message (schedulers/)
 
 
 class RankState(enum.StrEnum):

@@ -24,6 +24,7 @@ from gpulaunch.plan.spec import Launch, StartOptions
 from gpulaunch.plan.topology import CpuBind
 from gpulaunch.progress.options import add_straggler_options, straggler_rule
 from gpulaunch.recovery.options import add_recovery_options, recovery_options
+from gpulaunch.schedulers.options import add_scheduler_options, scheduler_options
 from gpulaunch.units.templates import units_dir_problem
 
 
@@ -186,6 +187,7 @@ def add_torchrun_options(p: argparse.ArgumentParser) -> None:
     add_recovery_options(p)
     _add_node_options(p)
     add_straggler_options(p)
+    add_scheduler_options(p)
     for flags in TORCHRUN_ONLY:
         p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
 
@@ -449,6 +451,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         allow_busy_gpus=args.allow_busy_gpus,
         recovery=recovery_options(args),
         stragglers=straggler_rule(args),
+        schedulers=scheduler_options(args),
     )
 
 

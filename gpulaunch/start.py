@@ -44,6 +44,7 @@ from gpulaunch.plan.spec import (
 )
 from gpulaunch.report import count, format_report
 from gpulaunch.resources.controllers import unenforced
+from gpulaunch.schedulers.observers import scheduler_observers
 from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
@@ -289,7 +290,7 @@ class _Contained:
     """The job's supervisor, as `_contain` chose it."""
 
     chosen: Chosen
-    direct: bool  # the direct supervisor: it says what it does not enforce itself
+    manager_limits: bool  # its manager enforces the limits (else the supervisor says which not)
     unpublished: bool  # no bus to publish the job on: a record file
 
 
@@ -308,15 +309,15 @@ def _contain(
 
     spec = job.spec
     chosen = open_supervisor(opts.supervisor, spec, job.units, os.environ, stack, warn)
-    direct = chosen.supervisor.name == "direct"
-    if entry.no_bus and not direct:
+    can = chosen.supervisor.can
+    if entry.no_bus and can.publishes_on_bus:
         warn(entry.no_bus)
-    unpublished = direct or bool(entry.no_bus)  # no bus to publish the job on: a record file
-    if direct:
+    unpublished = not can.publishes_on_bus or bool(entry.no_bus)  # no bus: a record file
+    if can.needs_keeper:
         if keeper is None and job.peer is None:  # the peer must stay the watcher's child
             keeper = fork_keeper_for(spec)
         chosen = kept(chosen, keeper)
-    return _Contained(chosen, direct, unpublished)
+    return _Contained(chosen, can.manager_limits, unpublished)
 
 
 def _parts(
@@ -348,6 +349,7 @@ def _parts(
             last_output=output.last_line_at,
             optional=unpublished,
         ),
+        *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map
         *metrics_observers(metrics, output.message),  # --metrics-*
         GpuPart(spec, job.lease, gate),  # its lease's fds, the gate at each restart, its use
         _StartLine(spec, contained, output, detached),
@@ -367,7 +369,7 @@ class _StartLine(Part):
         output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
         output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
         # warnings about a job that runs: not before its units exist (it may be refused)
-        _warn_about(spec, output, self.contained.direct)
+        _warn_about(spec, output, self.contained.manager_limits)
         if self.detached is not None:
             self.detached.started()
 
@@ -409,7 +411,7 @@ def _lease(
     ranks it forks: leases/part.py), and plan the same job (its id kept) on them."""
     import atexit
 
-    from gpulaunch.leases.holders import remove_note, write_note
+    from gpulaunch.leases.notes import remove_note, write_note
     from gpulaunch.leases.request import take
 
     assert opts.gpu_lease is not None
@@ -419,7 +421,7 @@ def _lease(
     return opts, job
 
 
-def _warn_about(spec: JobSpec, output: Output, direct: bool) -> None:
+def _warn_about(spec: JobSpec, output: Output, manager_limits: bool) -> None:
     if omp_default_applies(os.environ, spec.nproc):
         output.message(
             "gpulaunch: warning: setting OMP_NUM_THREADS=1 for each rank (torchrun's default) "
@@ -431,7 +433,7 @@ def _warn_about(spec: JobSpec, output: Output, direct: bool) -> None:
             "rules: each rank sees only its GPU, but could still open the others; run as root "
             "for enforced isolation"
         )
-    if not direct:  # the direct supervisor says it itself (supervisor/direct.py)
+    if manager_limits:  # else the supervisor says it itself (supervisor/direct.py)
         for text in unenforced(spec):
             output.message(f"gpulaunch: warning: {text}")
 

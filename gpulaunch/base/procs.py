@@ -2,7 +2,7 @@
 
 The gate exists because a rank must not run a single line of user code before
 systemd moved it into its scope (`StartTransientUnit` replies before the move,
-systemd-facts.md): the child blocks on a pipe until the watcher has seen the
+docs/systemd-facts.md): the child blocks on a pipe until the watcher has seen the
 scope's start job finish.
 """
 

@@ -12,7 +12,7 @@ Which collective each rank waits in comes from its stacks (debug/stacks.py):
 the innermost frame of torch.distributed's collectives in its main thread, and the
 line of the rank's own code that called it. The same for every backend: gloo and the
 CPU have no trace buffer, and NCCL's (torch's flight recorder) is written by the rank
-itself, at its own timeout, long after ours (docs/debugging.md).
+itself, at its own timeout, long after ours (README.md, "Hangs").
 """
 
 from __future__ import annotations

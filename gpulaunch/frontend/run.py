@@ -23,7 +23,7 @@ after one line that says what happened.
 Without a user bus (base/userbus.py) we talk to the user manager on its
 private socket, peer to peer: no bus daemon, so no `AddMatch` (systemd sends a
 direct connection every signal after `Subscribe`) and no name of ours; the
-service is `Type=exec` and `tie.py`'s service stops it when we end.
+service is `Type=exec` and the tie service (units/tie.service) stops it when we end.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class _FrontEnd:
         self.service = spec.names.launch_service
         self.path = unit_object_path(self.service)
         self.address = manager.address
-        self.peer = manager.peer  # the manager's private socket: no bus names (tie.py)
+        self.peer = manager.peer  # the manager's private socket: no bus names (units/tie.service)
         self.detach = detach
         self.argv = watcher_argv(sys.executable, argv, spec.job)
         self.name = None if detach or self.peer else frontend_bus_name(os.getpid())

@@ -1,10 +1,15 @@
 """The job API: a job seen from outside its watcher (docs/dbus.md, docs/architecture.md).
 
-- `publisher`: the watcher's side, the job published on D-Bus while it runs;
-- `record`: the durable journal entry written when it ends, and reading it back;
-- `view`: `JobView`, the one shape of a job that every client shows;
-- `client`: finding jobs (bus or record) and talking to a live one;
-- `commands`: `gpulaunch list | status | stop | wait`.
+- `publisher.py`: the watcher's side, the job published on D-Bus while it runs;
+  `interface.py`: io.gpulaunch.Job1 as shipped; `bus.py`: connecting to its bus;
+- `record.py`: the durable journal entry written when it ends, and reading it back;
+  `filerecord.py`: the same record as a file, where no journal or bus keeps it;
+- `view.py`: `JobView`, the one shape of a job that every client shows, with
+  `rankview.py` (one rank) and `stepview.py` (the ranks' steps);
+- `client.py`: finding jobs (bus or record) and talking to a live one;
+  `whose.py`: whose jobs a command is about; `procid.py`: which process a pid meant;
+- `commands.py`: `gpulaunch list | status | stop | wait`; `top.py`: `gpulaunch top`,
+  with `targets.py`, the ranks it measures.
 
 Nothing here but `publisher` and `record`'s writer runs inside the watcher, and no
 module here imports the watcher or pystemd.

@@ -1,14 +1,15 @@
 """The client side of the job API: talks to the watchers on one bus (docs/dbus.md).
 
-Used by `gpulaunch list | status | stop | wait` (jobctl.py), which import it only
+Used by `gpulaunch list | status | stop | wait` (commands.py), which import it only
 when they run: dbus-fast and asyncio cost ~0.1 s to import.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,6 +48,10 @@ class _Gone(Exception):
 
 class _Denied(Exception):
     """The bus or the watcher refused a call (AccessDenied); the text says why."""
+
+
+class NotAJobError(WatcherCallError):
+    """What answers at a job's name on the bus is not a gpulaunch job (exit 71)."""
 
 
 def _dbus_call(
@@ -95,9 +100,24 @@ class JobClient:
         return str(reply.body[0])
 
     async def get(self, name: str, path: str) -> JobView:
-        """The job's live view; `_Gone` if its watcher is not on the bus."""
+        """The job's live view; `_Gone` if its watcher is not on the bus, `NotAJobError` if
+        what answers there is not a gpulaunch job (a user's own program may take the name on
+        their session bus: what it says is parsed as untrusted input)."""
         reply = await self._call(_dbus_call(name, path, PROPERTIES, "GetAll", "s", [INTERFACE]))
-        return JobView.from_properties({k: v.value for k, v in reply.body[0].items()})
+        with self._parsing(name):
+            return JobView.from_properties({k: v.value for k, v in reply.body[0].items()})
+
+    @contextlib.contextmanager
+    def _parsing(self, name: str) -> Iterator[None]:
+        """What a job's object says, parsed: a value of the wrong shape is `NotAJobError`."""
+        try:
+            yield
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+            raise NotAJobError(
+                f"{name} on {bus_title(self.manager)} is not a gpulaunch job "
+                f"(its answer is not a job's: {type(exc).__name__} {exc})",
+                "another program took a job's name on that bus; its owner can say which",
+            ) from None
 
     async def find(self, job: str) -> JobView | None:
         try:
@@ -116,8 +136,8 @@ class JobClient:
         for item in found:
             if isinstance(item, JobView):
                 views.append(item)
-            elif not isinstance(item, _Gone):  # a job that ended meanwhile is just not listed
-                raise item
+            elif not isinstance(item, _Gone | NotAJobError):  # a job that ended meanwhile,
+                raise item  # or a name that is not a job's: not listed
         return sorted(views, key=lambda v: v.job)
 
     async def wait(
@@ -175,15 +195,16 @@ class JobClient:
         while True:
             msg = await events.get()
             if msg.member == "Finished" and msg.sender == owner:
-                state, status, cause, cause_rank, ranks = msg.body
-                final = dataclasses.replace(
-                    view,
-                    state=JobState(state),
-                    status=int(status),
-                    cause=str(cause),
-                    cause_rank=int(cause_rank),
-                    ranks=with_ends(tuple(RankView.from_wire(r) for r in ranks), ends),
-                )
+                with self._parsing(name):
+                    state, status, cause, cause_rank, ranks = msg.body
+                    final = dataclasses.replace(
+                        view,
+                        state=JobState(state),
+                        status=int(status),
+                        cause=str(cause),
+                        cause_rank=int(cause_rank),
+                        ranks=with_ends(tuple(RankView.from_wire(r) for r in ranks), ends),
+                    )
                 return WaitResult(final=final, running=True)
             if msg.member == "NameOwnerChanged" and msg.body[1] == owner:
                 return WaitResult(final=None, running=True)
@@ -215,7 +236,8 @@ class JobClient:
                 f"not allowed to signal job {job!r}: {exc}",
                 "only the user who started a job, or root, may signal it",
             ) from None
-        return int(reply.body[0])
+        with self._parsing(bus_name(job)):
+            return int(reply.body[0])
 
     async def stop(self, job: str) -> None:
         """Ask the job's watcher to stop it; `_Gone` if it is not running."""

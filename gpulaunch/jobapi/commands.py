@@ -1,7 +1,7 @@
 """`gpulaunch list | status | stop | wait`: the commands of the job API (docs/dbus.md).
 
 A running job is asked on the bus (its watcher owns `io.gpulaunch.job.<label>`;
-jobclient.py); a job that ended is read from its journal record (record.py).
+client.py); a job that ended is read from its journal record (record.py).
 Where there is neither bus nor journal (the direct supervisor in a container),
 the job's record file says both (filerecord.py).
 `wait` and `stop` sleep until the job's `Finished` signal, or until its

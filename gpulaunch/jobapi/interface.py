@@ -59,7 +59,3 @@ def packaging_dir() -> Path:
 def interface_xml() -> str:
     """The introspection data of io.gpulaunch.Job1, as shipped."""
     return (packaging_dir() / f"{INTERFACE}.xml").read_text()
-
-
-POLICY_FILE = "io.gpulaunch.conf"
-POLICY_DIR = Path("/etc/dbus-1/system.d")

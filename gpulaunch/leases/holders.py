@@ -5,12 +5,15 @@ inode it is on; the lock file's inode names the GPU. Its user is the owner of
 /proc/<pid>, its unit the last component of its cgroup (/proc/<pid>/cgroup):
 both the kernel's word, which nobody can fake.
 
-The job: a note the holder writes when its job is planned,
-`/run/gpulaunch/holders/<pid>` (a sticky 1777 directory of root's, like /tmp),
-`<start time> <job id>`. A note is believed only if it is a regular file (opened
-with O_NOFOLLOW) owned by the holder's own user and names the holder's start
-time (so a note of an earlier process with the same pid is not). A user can thus
-only name their own job, and only a note of a live holder is shown.
+The process that took a lock may be gone while others keep it (the lock belongs to
+the open file, which its children inherit: a SIGKILLed watcher's ranks, or a user
+who forked a setsid child to keep a GPU and exited). /proc/locks then shows a dead
+pid, or, in a pid namespace, nothing at all. Then the holder is found the way lsof
+would: a process with the lock file open whose /proc/<pid>/fdinfo/<fd> lists a
+FLOCK on it (proc(5)); root sees every process, a user only their own. What cannot
+be seen is named "an unknown process", never left out or left blank.
+
+The job: the holder's note (notes.py), believed only from the holder's own user.
 """
 
 from __future__ import annotations
@@ -23,14 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulaunch.leases.store import RUN_DIR, lease_dir, lock_name
+from gpulaunch.leases.notes import read_note
+from gpulaunch.leases.store import lease_dir, lock_name
 from gpulaunch.plan.gpus import Gpu
-
-MAX_NOTE = 4096
-
-
-def holders_dir(root: Path | None = None) -> Path:
-    return (root / "run/gpulaunch" if root is not None else RUN_DIR) / "holders"
 
 
 @dataclass(frozen=True)
@@ -38,22 +36,24 @@ class Holder:
     """The process holding one GPU's lease and what is known of it."""
 
     gpu: Gpu
-    pid: int  # 0: not visible from here (another pid namespace)
-    user: str
+    pid: int  # 0: none visible from here
+    user: str  # "?" where no process is visible
     unit: str
     job: str | None
+    taker: int | None = None  # the pid that took the lock, where it is gone and `pid` kept it
 
     def describe(self) -> str:
-        if self.user == "?":  # the process that took it is gone: its ranks hold it still
-            return (
-                f"GPU {self.gpu.index} ({self.gpu.bus_id}): a job whose watcher (pid {self.pid}) "
-                "is gone, until its ranks have ended"
-            )
+        where = f"GPU {self.gpu.index} ({self.gpu.bus_id}): "
+        if self.pid == 0:
+            if self.taker is not None:  # e.g. root's ranks, which a user cannot see
+                return where + (
+                    f"an unknown process (pid {self.taker}, which took it, is gone: a job "
+                    "whose watcher is gone holds it until its ranks have ended)"
+                )
+            return where + "an unknown process (not visible from here)"
         job = self.job if self.job is not None else "?"
-        return (
-            f"GPU {self.gpu.index} ({self.gpu.bus_id}): job {job}, user {self.user}, "
-            f"unit {self.unit}, pid {self.pid}"
-        )
+        gone = f" (pid {self.taker}, which took it, is gone)" if self.taker is not None else ""
+        return f"{where}job {job}, user {self.user}, unit {self.unit}, pid {self.pid}{gone}"
 
 
 def lock_pids(proc: Path = Path("/proc")) -> dict[tuple[int, int, int], int]:
@@ -76,16 +76,6 @@ def lock_pids(proc: Path = Path("/proc")) -> dict[tuple[int, int, int], int]:
     return out
 
 
-def start_time(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """A process's start time in clock ticks since boot (/proc/<pid>/stat, field 22)."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = text.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
-
-
 def _user(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -104,132 +94,138 @@ def _unit(pid: int, proc: Path) -> str:
     return "?"
 
 
-def read_note(
-    pid: int, uid: int, root: Path | None = None, proc: Path = Path("/proc")
-) -> str | None:
-    """The job a live holder's note names, if the note is believed (see the module)."""
+def _lock_files(root: Path | None) -> dict[str, tuple[int, int]]:
+    """Each lock file's name -> (st_dev, st_ino), not following a link."""
+    out: dict[str, tuple[int, int]] = {}
     try:
-        fd = os.open(
-            holders_dir(root) / str(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        )
+        names = os.listdir(lease_dir(root))
     except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-            return None
-        text = os.read(fd, MAX_NOTE).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
-    started, _, job = text.partition(" ")
-    if started != start_time(pid, proc) or not job.strip():
-        return None
-    return "".join(c if c.isprintable() else "?" for c in job.strip())
-
-
-def write_note(job: str, root: Path | None = None) -> Path | None:
-    """This process's note naming `job`; None where the holders' directory cannot take it.
-
-    Root makes the directory (sticky 1777). The note is created new (O_EXCL):
-    a stale one of ours with this pid is replaced; one of someone else's is left.
-    """
-    top = holders_dir(root)
-    if os.geteuid() == 0:
-        top.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(top, 0o755)
-            os.chmod(top, 0o1777)
-    path = top / str(os.getpid())
-    started = start_time(os.getpid())
-    if started is None:
-        return None
-    try:
-        dfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(dfd)
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o1777 != 0o1777:
-            return None
-        with contextlib.suppress(FileNotFoundError, PermissionError):
-            if os.stat(path.name, dir_fd=dfd, follow_symlinks=False).st_uid == os.geteuid():
-                os.unlink(path.name, dir_fd=dfd)
-        try:
-            fd = os.open(
-                path.name,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=dfd,
-            )
-        except OSError:
-            return None
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{started} {job}")
-        return path
-    finally:
-        os.close(dfd)
-
-
-def remove_note(path: Path | None) -> None:
-    if path is not None:
+        return out
+    for name in names:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            st = os.stat(lease_dir(root) / name, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                out[name] = (st.st_dev, st.st_ino)
+    return out
 
 
-def _held(
-    name: str, locks: dict[tuple[int, int, int], int], root: Path | None, proc: Path
-) -> tuple[int, str, str, str | None] | None:
-    """(pid, user, unit, job) of the holder of the lock file `name`, or None if it is free."""
+def fd_holders(
+    files: dict[str, tuple[int, int]], root: Path | None, proc: Path = Path("/proc")
+) -> dict[str, int]:
+    """Lock file name -> pid of a process whose open file holds a FLOCK on it.
+
+    Every fd of every process we may read (/proc/<pid>/fd): the link names the file (a
+    cheap first filter), stat says it is that inode, fdinfo's `lock:` lines that this
+    open file holds a lock on it.
+    """
+    prefix = str(lease_dir(root).resolve()) + "/"
+    wanted = {v: k for k, v in files.items()}
+    out: dict[str, int] = {}
     try:
-        st = os.stat(lease_dir(root) / name, follow_symlinks=False)
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
     except OSError:
-        return None
-    pid = locks.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
-    if pid is None:
-        return None
+        return out
+    for pid in pids:
+        try:
+            fds = os.listdir(proc / pid / "fd")
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            link = proc / pid / "fd" / fd
+            try:
+                if not os.readlink(link).startswith(prefix):
+                    continue
+                st = os.stat(link)
+                name = wanted.get((st.st_dev, st.st_ino))
+                if name is None or name in out:
+                    continue
+                info = (proc / pid / "fdinfo" / fd).read_text()
+            except OSError:
+                continue
+            if any(
+                line.startswith("lock:") and " FLOCK " in line and " WRITE " in line
+                for line in info.splitlines()
+            ):
+                out[name] = int(pid)
+    return out
+
+
+def _owner(pid: int, proc: Path) -> int:
     try:
-        uid = os.stat(proc / str(pid)).st_uid if pid > 0 else -1
+        return os.stat(proc / str(pid)).st_uid if pid > 0 else -1
     except OSError:
-        uid = -1
-    if uid < 0:
-        return pid, "?", "?", None
-    return pid, _user(uid), _unit(pid, proc), read_note(pid, uid, root, proc)
+        return -1
+
+
+class _Sight:
+    """What this process can see of the locks now: /proc/locks, then (once, if needed)
+    the open files of every process it may read."""
+
+    def __init__(self, root: Path | None, proc: Path, thorough: bool = False) -> None:
+        self.root, self.proc = root, proc
+        self.thorough = thorough  # look for hidden holders of every lock file (`list`)
+        self.locks = lock_pids(proc)
+        self.files = _lock_files(root)
+        self._by_fd: dict[str, int] | None = None
+
+    def by_fd(self, name: str) -> int | None:
+        if self._by_fd is None:
+            self._by_fd = fd_holders(self.files, self.root, self.proc)
+        return self._by_fd.get(name)
+
+    def held(self, name: str, known_busy: bool) -> tuple[int, str, str, str | None, int | None]:
+        """(pid, user, unit, job, taker) of the holder of lock file `name`; pid -1 where it
+        is free (or, not `known_busy`, not seen held), pid 0 where the holder is unseen."""
+        key = self.files.get(name)
+        if key is None:
+            return -1, "?", "?", None, None
+        taker = self.locks.get((os.major(key[0]), os.minor(key[0]), key[1]))
+        if taker is not None and _owner(taker, self.proc) >= 0:
+            uid = _owner(taker, self.proc)
+            return taker, _user(uid), _unit(taker, self.proc), self._note(taker, uid), None
+        gone = taker if taker else None
+        if gone is None and not known_busy and not self.thorough:
+            return -1, "?", "?", None, None  # not seen held (a start's warning: no scan)
+        pid = self.by_fd(name)  # the taker is gone, or hidden from this pid namespace
+        if pid is not None and (uid := _owner(pid, self.proc)) >= 0:
+            return pid, _user(uid), _unit(pid, self.proc), self._note(pid, uid), gone
+        if gone is None and not known_busy:
+            return -1, "?", "?", None, None
+        return 0, "?", "?", None, gone
+
+    def _note(self, pid: int, uid: int) -> str | None:
+        return read_note(pid, uid, self.root, self.proc)
 
 
 def holders(
-    gpus: Iterable[Gpu], root: Path | None = None, proc: Path = Path("/proc")
+    gpus: Iterable[Gpu], root: Path | None = None, proc: Path = Path("/proc"), busy: bool = False
 ) -> list[Holder]:
-    """Who holds each of `gpus` that is held now (in the order given)."""
-    locks = lock_pids(proc)
+    """Who holds each of `gpus` that is held now (in the order given). `busy`: a lock
+    attempt found each of them held, so every one gets a holder, "an unknown process"
+    where none can be seen."""
+    sight = _Sight(root, proc)
     out = []
     for gpu in gpus:
-        held = _held(lock_name(gpu), locks, root, proc)
-        if held is not None:
-            out.append(Holder(gpu, *held))
+        pid, user, unit, job, taker = sight.held(lock_name(gpu), known_busy=busy)
+        if pid >= 0:
+            out.append(Holder(gpu, pid, user, unit, job, taker))
     return out
 
 
 def lease_rows(root: Path | None = None, proc: Path = Path("/proc")) -> list[tuple[str, ...]]:
     """`gpulaunch list`: a row per GPU leased now (device, job, user, unit, pid); no GPU
-    inventory needed: the lock files say which device each is."""
-    try:
-        names = sorted(os.listdir(lease_dir(root)), key=lambda n: (len(n), n))
-    except OSError:
-        return []
-    locks = lock_pids(proc)
+    inventory needed: the lock files say which device each is. A lock taken by a process
+    that is gone, held by one we cannot see, is a row of "?"s with the taker's pid."""
+    sight = _Sight(root, proc, thorough=True)
     rows: list[tuple[str, ...]] = []
-    for name in names:
-        held = _held(name, locks, root, proc)
-        if held is not None:
-            pid, user, unit, job = held
-            gone = user == "?"
+    for name in sorted(sight.files, key=lambda n: (len(n), n)):
+        pid, user, unit, job, taker = sight.held(name, known_busy=False)
+        if pid < 0:
+            continue
+        if pid == 0:
             rows.append(
-                (
-                    f"/dev/{name}",
-                    "(watcher gone, ranks ending)" if gone else job or "?",
-                    user,
-                    unit,
-                    str(pid),
-                )
+                (f"/dev/{name}", "(taker gone, held by an unknown process)", "?", "?", str(taker))
             )
+        else:
+            rows.append((f"/dev/{name}", job or "?", user, unit, str(pid)))
     return rows

@@ -97,7 +97,7 @@ def take(
                     os.close(fd)
                 return _positions(opts, pool, tuple(got)), replace(lease, gpus=tuple(got))
             lease.close()
-            held = holders([g for g, _ in busy], root)
+            held = holders([g for g, _ in busy], root, busy=True)
             if not wait:
                 for _, fd in busy:
                     os.close(fd)

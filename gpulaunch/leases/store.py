@@ -22,8 +22,9 @@ Everything is opened relative to the directory's fd, with O_NOFOLLOW, and
 believed only if it is root's: root never follows a link an ordinary user planted,
 and a user's job refuses a store someone other than root made.
 
-Holders' notes (which job, which unit) live beside it in `/run/gpulaunch/holders`
-(sticky, 1777): see holders.py.
+Holders' notes (which job) are root's beside it in `/run/gpulaunch/holders` (0755) and a
+user's in their own runtime directory: see notes.py. Nothing under /run/gpulaunch is
+writable by others.
 """
 
 from __future__ import annotations

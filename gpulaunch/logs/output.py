@@ -22,7 +22,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -431,7 +431,3 @@ def parse_ranks(text: str) -> frozenset[int]:
     if not ranks:
         raise ValueError("no ranks given")
     return ranks
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    return ",".join(map(str, sorted(ranks)))

@@ -1,7 +1,7 @@
 """The log pump: one small process per rank, inside the rank's scope.
 
 journald attributes what a stream carries to the process that writes it (its
-cgroup, hence its unit; systemd-facts.md). For `journalctl -u <rank scope>` to
+cgroup, hence its unit; docs/systemd-facts.md). For `journalctl -u <rank scope>` to
 show a rank's output while the watcher also gets every line for the live view
 and `--log-dir`, something inside the rank's scope must copy the rank's pipes to
 both: this pump. It is forked from the watcher (no exec, no imports), held at

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gpulaunch.metrics.exposition import Family, Kind, Labels, Sample
 from gpulaunch.metrics.usage import RankUse
-from gpulaunch.model import JobProgress, Phase, RankProgress, RankState, StepInfo
+from gpulaunch.model import JobProgress, Phase, RankProgress, RankSpec, RankState, StepInfo
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,11 @@ def families(job: JobProgress, uses: Mapping[int, RankUse], node: str, now: floa
     ]
     out.append(Family("gpulaunch_rank_state", Kind.STATESET, "each rank's state", tuple(states)))
     ranks = [_Rank(r, uses.get(r.rank, RankUse()), now) for r in job.ranks]
+    placed = {r.rank: _gpu_labels(r) for r in job.spec.ranks}
     for name, kind, unit, text, value in _RANK_SERIES:
+        gpu = name in _GPU_SERIES  # joined with DCGM's series by these labels
         samples = tuple(
-            Sample(_rank_labels(base, r.rank), v)
+            Sample((*_rank_labels(base, r.rank), *(placed.get(r.rank.rank, ()) if gpu else ())), v)
             for r in ranks
             for v in [value(r)]
             if v is not None
@@ -190,6 +192,19 @@ def families(job: JobProgress, uses: Mapping[int, RankUse], node: str, now: floa
         if samples:
             out.append(Family(name, kind, text, samples, unit))
     return out
+
+
+# A rank's GPU series carry its GPU as dcgm-exporter labels it (`gpu`: the index, `UUID`),
+# so that a query can join them with DCGM's (docs/metrics.md).
+_GPU_SERIES = frozenset({"gpulaunch_rank_gpu_memory_bytes", "gpulaunch_rank_gpu_utilization_ratio"})
+
+
+def _gpu_labels(rank: RankSpec) -> Labels:
+    if rank.gpu is None:
+        return ()
+    visible = rank.env.get("CUDA_VISIBLE_DEVICES", "")  # the UUID where the plan knew it
+    uuid = (("UUID", visible),) if visible.startswith("GPU-") and "," not in visible else ()
+    return (("gpu", str(rank.gpu)), *uuid)
 
 
 def _rank_labels(base: Labels, rank: RankProgress) -> Labels:

@@ -3,9 +3,16 @@
 
 `GET /metrics` (or `/`) answers OpenMetrics when the client accepts it (Prometheus
 asks for it), else Prometheus' text format 0.0.4 (curl, older scrapers). Keep-alive
-as Prometheus uses it; a client that says nothing for `IDLE_TIMEOUT` is dropped, and
-at most `MAX_CLIENTS` are served at once, so a slow or hostile client cannot hold
-the watcher. The body is made when asked for: nothing runs between scrapes.
+as Prometheus uses it. The body is made when asked for: nothing runs between scrapes.
+
+Idle or slow clients cannot deny a scrape (issue 35: 40 idle connections made 24 of 25
+scrapes fail): a new connection's request must arrive within `HEAD_TIMEOUT`, a kept one's
+next request within `IDLE_TIMEOUT`, and at most `MAX_CLIENTS` connections are kept: when
+one more arrives, the connection that has waited longest for a request is dropped to make
+room for it (a connection is only ever busy for the moment its answer is written, so
+only a newcomer refused while all `MAX_CLIENTS` are mid-answer goes unserved). A scraper
+connects and asks at once; whoever holds connections open without asking only ever
+evicts their own.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from collections.abc import Callable
 from gpulaunch.errors import UnavailableError
 from gpulaunch.metrics.options import Listen
 
-IDLE_TIMEOUT = 30.0  # seconds a connection may wait for its next request
+IDLE_TIMEOUT = 30.0  # seconds a kept connection may wait for its next request
+HEAD_TIMEOUT = 5.0  # seconds a new connection may take to send its first request
 MAX_CLIENTS = 16
 MAX_HEAD = 16 << 10  # bytes of a request's line and headers
 
@@ -29,7 +37,7 @@ Render = Callable[[bool], tuple[bytes, str]]  # openmetrics? -> (body, content t
 def bind(listen: Listen) -> socket.socket:
     """The listening socket, bound now: a port in use is one line before anything starts."""
     try:
-        if not listen.host:
+        if listen.host == "::":
             return _every_address(listen.port)
         family, _, _, _, address = socket.getaddrinfo(
             listen.host, listen.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -82,34 +90,56 @@ class MetricsServer:
         self.render = render
         self.scrapes = 0
         self._server: asyncio.Server | None = None
-        self._clients: set[asyncio.StreamWriter] = set()
+        # each connection's writer -> since when it waits for a request (None: answering);
+        # insertion order is the order of arrival
+        self._clients: dict[asyncio.StreamWriter, float | None] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # a connection each
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, sock=self.sock, limit=MAX_HEAD)
 
+    def _make_room(self) -> bool:
+        """Drop the connection that has waited longest for a request; False if every one
+        is answering now."""
+        waiting = [(since, w) for w, since in self._clients.items() if since is not None]
+        if not waiting:
+            return False
+        _, oldest = min(waiting, key=lambda pair: pair[0])
+        del self._clients[oldest]
+        oldest.transport.abort()  # its task's read ends at once, and the task with it
+        return True
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._clients) >= MAX_CLIENTS:
+        if len(self._clients) >= MAX_CLIENTS and not self._make_room():
             writer.close()
             return
-        self._clients.add(writer)
+        loop = asyncio.get_running_loop()
+        self._clients[writer] = loop.time()
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
         try:
-            while await self._one(reader, writer):
-                pass
+            timeout = HEAD_TIMEOUT
+            while await self._one(reader, writer, timeout):
+                timeout = IDLE_TIMEOUT
+                if writer not in self._clients:  # dropped for a newcomer meanwhile
+                    break
+                self._clients[writer] = loop.time()
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-            pass  # the client went, said too much or nothing: it is dropped
+            pass  # the client went, said too much or nothing, or was dropped for another
         finally:
-            self._clients.discard(writer)
+            self._clients.pop(writer, None)
             if task is not None:
                 self._tasks.discard(task)
             writer.close()
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _one(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float
+    ) -> bool:
         """Answer one request; whether the connection stays open for another."""
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        if writer in self._clients:
+            self._clients[writer] = None  # answering: not to be dropped for a newcomer
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split()
         headers = {}
@@ -147,7 +177,7 @@ class MetricsServer:
             ).encode()
             + (b"" if head else body)
         )
-        await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT)
+        await asyncio.wait_for(writer.drain(), HEAD_TIMEOUT)  # a scraper reads at once
 
     def close(self) -> None:
         """Stop listening and drop every connection (their tasks end at the loop's next turn)."""

@@ -5,6 +5,8 @@ round's first failure (the store's `cause`, the same on every node) is one that
 restarts, every node stops its ranks and meets the others again through torch's
 rendezvous, as torchrun's elastic agent does; the peer (peer.py) does the meeting,
 this module decides whether to (gpulaunch/watcher/rounds.py starts the round). Pure.
+A rank's failure is classified and judged by recovery/ (`status_class`, `RestartPolicy.allows`), as
+on a single node: a new failure class is recovery/'s alone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from gpulaunch.base.protocol import (
     NodeConfig,
     NodeFailure,
 )
-from gpulaunch.recovery.classes import FailureClass
+from gpulaunch.recovery.failure import status_class
 from gpulaunch.recovery.settings import RestartPolicy
 
 DEFAULT_POLICY = RestartPolicy()
@@ -43,7 +45,8 @@ def after_failure(
     """What every node does after the round's first failure (each decides the same: the
     same failure from the store, and the same flags on every node)."""
     if failure.rank is not None:  # a rank failed, on whichever node
-        if not rank_failure_restarts(failure.status, policy):
+        # recovery/ classifies it and applies --restart-on, --no-restart-exit-code
+        if not policy.allows(status_class(failure.status), failure.status):
             return Next.END
         return Next.RESTART if layout.failures < max_restarts else Next.END
     if failure.node == JOINING_NODE:  # a late or returning node (peer.py): not a failure
@@ -56,10 +59,3 @@ def after_failure(
         # count against --max-restarts; torch's rendezvous waits for MIN (join_timeout).
         return Next.REGROUP
     return Next.RESTART if layout.failures < max_restarts else Next.END
-
-
-def rank_failure_restarts(status: int, policy: RestartPolicy) -> bool:
-    """--restart-on and --no-restart-exit-code for a rank's failure on any node, by the
-    status every node has of it (an OOM kill reads as SIGKILL there: its node says OOM)."""
-    kind = FailureClass.SIGNAL if status > 128 else FailureClass.EXIT
-    return policy.restarts(kind) and not policy.says_do_not_restart(kind, status)

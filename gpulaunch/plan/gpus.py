@@ -57,7 +57,7 @@ class Gpu:
 
     @property
     def cgroup_device(self) -> str:
-        """Its node as a DeviceAllow= path that needs no node in /dev (systemd-facts.md)."""
+        """Its node as a DeviceAllow= path that needs no node in /dev (docs/systemd-facts.md)."""
         return f"/dev/char/{NVIDIA_MAJOR}:{self.minor}"
 
     @property

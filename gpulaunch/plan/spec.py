@@ -36,6 +36,8 @@ from gpulaunch.plan.placement import (
     place_ranks,
 )
 from gpulaunch.recovery.settings import RecoveryOptions
+from gpulaunch.schedulers.options import SchedulerOptions, check_scheduler_options
+from gpulaunch.schedulers.termination import termination_path
 
 
 class Launch(enum.StrEnum):
@@ -90,6 +92,8 @@ class StartOptions:
     allow_busy_gpus: bool = False  # the health gate lets a GPU with others' memory pass
     recovery: RecoveryOptions = RecoveryOptions()  # restarts by class, preemption (recovery/)
     stragglers: StragglerRule = StragglerRule()  # --straggler-factor, --straggler-steps
+    # --termination-log, --gpu-job-map: what the cluster's tools read (gpulaunch/schedulers/)
+    schedulers: SchedulerOptions = SchedulerOptions()
 
 
 def job_stem(script: str) -> str:
@@ -171,6 +175,7 @@ def draft_job(
     if opts.max_restarts < 0:
         raise UsageError(f"--max-restarts must not be negative, not {opts.max_restarts}")
     check_grace(opts.grace_sec)
+    check_scheduler_options(opts.schedulers)
     if opts.master_port is not None and not 0 < opts.master_port < 65536:
         raise UsageError(f"--master-port must be between 1 and 65535, not {opts.master_port}")
     check_target(opts.launch, opts.script, cwd, base_env)
@@ -277,6 +282,8 @@ def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
         layout=layout,
         signal_whole_rank=opts.signal_whole_rank,
         stragglers=opts.stragglers,
+        gpu_job_map=opts.schedulers.gpu_job_map,
+        termination_log=termination_path(opts.schedulers.termination_log, os.environ),
     )
 
 

@@ -6,12 +6,20 @@
         step(n, total=len(loader) * epochs)
 
 Each call sends one sd_notify datagram (`X_GPULAUNCH_STEP=N`, ...) to the socket
-`NOTIFY_SOCKET` names, which gpulaunch's watcher gives every rank; without it
+`NOTIFY_SOCKET` names (a path, as gpulaunch's watcher gives every rank: a socket only
+the job's user can reach; or an `@abstract` name, as sd_notify(3) reads both); without it
 (run by anything else) every call is a no-op. A call never blocks and never
 raises: a datagram the watcher has no room for is dropped (the next step says
 more). Importing this module loads nothing of the launcher (only `os`, `socket`),
 so the rank may import it anywhere; the watcher's side of the channel lives in
-the modules of this folder, which this one never imports.
+the modules of this folder, which this one never imports:
+
+- `channel.py`: the job's datagram socket; `socketdir.py`: the private directory it is
+  bound in; `protocol.py`: one datagram, read;
+- `tracker.py`: one rank's steps, its rate and step time; `behind.py`: where the
+  ranks' steps stopped, for a hang by steps;
+- `stragglers.py`: which ranks are stragglers, `journal.py`: their journal entries;
+- `options.py`: `start --straggler-factor/--straggler-steps`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,16 @@
 """The progress channel, watcher side: one datagram socket per job (docs/progress.md).
 
-The watcher binds an `AF_UNIX`/`SOCK_DGRAM` socket with an abstract name (the
-kernel picks it: nothing on disk, nothing left behind, reachable by the ranks
-under either supervisor and as any user in the job's network namespace) and
-gives it to every rank as `NOTIFY_SOCKET`. Scopes have no notify socket of
-their own (systemd reads notifications only for services), so nothing else
-listens there. `SO_PASSCRED` makes the kernel stamp every datagram with its
-sender's pid: the sender is a rank's main process, a process in the rank's own
-cgroup (its scope), or a descendant of its main process; anything else is
-dropped, and a datagram of another user is dropped before anything is read for
-it (an abstract name is visible to every process of the network namespace: a
-flood of strangers costs one recvmsg each). What a datagram says of its rank is
-never read: a rank cannot speak for another.
+The watcher binds an `AF_UNIX`/`SOCK_DGRAM` socket in a private directory of the
+job's user (mode 0700, socketdir.py), so that no other user can reach it, not even
+to fill its queue (issue 35: an abstract name let anyone who reads /proc/net/unix
+flood it), and gives its path to every rank as `NOTIFY_SOCKET`. Scopes have no
+notify socket of their own (systemd reads notifications only for services), so
+nothing else listens there. `SO_PASSCRED` makes the kernel stamp every datagram
+with its sender's pid: the sender is a rank's main process, a process in the
+rank's own cgroup (its scope), or a descendant of its main process; anything else
+is dropped, and a datagram of another user (root, the only other who can reach the
+directory) is dropped before anything is read for it. What a datagram says of its
+rank is never read: a rank cannot speak for another.
 
 The loop reads it like every other fd (no thread, no timer while nobody
 reports). Observers hear of steps at most once a second (`NOTIFY_EVERY`), of a
@@ -35,6 +34,7 @@ from gpulaunch.base.procs import HeldChild
 from gpulaunch.model import JobSpec, RankSpec, StepInfo
 from gpulaunch.progress.journal import StragglerNote, note_straggler
 from gpulaunch.progress.protocol import Notice, parse
+from gpulaunch.progress.socketdir import SocketDir
 from gpulaunch.progress.stragglers import Stragglers, Verdict
 from gpulaunch.progress.tracker import StepTracker
 
@@ -96,7 +96,10 @@ class ProgressChannel:
         say: Callable[[str], None] = lambda text: None,
         journal: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        base: Path | None = None,
     ) -> None:
+        """`base`: the job's runtime base (/run, $XDG_RUNTIME_DIR) whose gpulaunch/ holds
+        the socket's private directory (socketdir.py)."""
         self.spec = spec
         self.say = say
         self.journal = journal  # journald is reachable: a straggler gets its entry
@@ -105,9 +108,14 @@ class ProgressChannel:
             socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
         )
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        self.sock.bind("")  # autobind: an abstract name the kernel picks
-        name = self.sock.getsockname()
-        self.address = "@" + (name[1:].decode() if isinstance(name, bytes) else name[1:])
+        self.directory: SocketDir | None = None
+        try:
+            self.directory = SocketDir(self.sock, base)
+            self.address = self.directory.address
+        except OSError:  # no private directory anywhere: an abstract name, reachable by all
+            self.sock.bind("")  # autobind: a name the kernel picks
+            name = self.sock.getsockname()
+            self.address = "@" + (name[1:].decode() if isinstance(name, bytes) else name[1:])
         self.strangers = 0  # datagrams from processes of no rank (dropped)
         self._uid = os.geteuid()  # the ranks' user: the watcher's (they are its children)
         self._ranks = ranks
@@ -141,6 +149,8 @@ class ProgressChannel:
         if self._loop is not None and self.sock.fileno() >= 0:
             self._loop.remove_reader(self.sock.fileno())
         self.sock.close()
+        if self.directory is not None:
+            self.directory.close()
 
     # -- reading ------------------------------------------------------------
 

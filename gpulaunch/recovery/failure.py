@@ -35,6 +35,13 @@ def rank_class(exit: RankExit) -> FailureClass:
     return FailureClass.EXIT
 
 
+def status_class(status: int) -> FailureClass:
+    """The class of a rank's failure known only by its job status: another node's rank,
+    through the rendezvous store (multinode/rounds.py). A death by signal N is 128+N; an
+    OOM kill reads as SIGKILL there (the rank's own node classifies it by `rank_class`)."""
+    return FailureClass.SIGNAL if status > 128 else FailureClass.EXIT
+
+
 def classify(outcome: Outcome, exits: Mapping[int, RankExit]) -> Failure | None:
     """The attempt's failure, or None where it did not fail (succeeded, was interrupted or
     preempted, could not start): only failures are restarted."""

@@ -34,6 +34,11 @@ class RestartPolicy:
         """Failures of this class restart (--restart-on)."""
         return kind in self.restart_on
 
+    def allows(self, kind: FailureClass, status: int) -> bool:
+        """Neither rule above refuses a restart of this failure (policy.py's `decide` says
+        which one did; multinode/rounds.py asks this for another node's rank)."""
+        return self.restarts(kind) and not self.says_do_not_restart(kind, status)
+
 
 @dataclass(frozen=True)
 class RecoveryOptions:

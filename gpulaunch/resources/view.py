@@ -30,10 +30,6 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else format_duration(s)
 
 
-def _ago(s: float | None) -> str:
-    return "-" if s is None else f"{s:.0f}s ago"
-
-
 def _count(n: int | None) -> str:
     return "-" if n is None else str(n)
 

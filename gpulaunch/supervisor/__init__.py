@@ -11,8 +11,6 @@ one small interface, `Supervisor`, and never to systemd itself:
   replies to StartTransientUnit before it moves the process);
 - `stop_gang`: stop every rank, gracefully (SIGTERM, SIGKILL after the grace);
   `SupervisorEvents.gang_stopped` says when nothing of them is left;
-- `stop_ranks`: stop some ranks gracefully, the gang stays (a rank's error file
-  was written: the others stop while its own exit is awaited);
 - `kill_gang`: SIGKILL every rank now (a second Ctrl-C);
 - `renew_gang`: containment for a new attempt after a gang stop (restarts);
 - `signal_rank`: a notice (SIGUSR1/2) to every process of one rank;
@@ -23,15 +21,23 @@ one small interface, `Supervisor`, and never to systemd itself:
   systemd, `systemctl stop` of the job's slice) is then known as such
   (`SupervisorEvents.stopped_from_outside`), never taken for a rank failure.
 
-Implementations: `systemd` (scopes and slices, gpulaunch/supervisor/systemd.py)
-and `direct` (the watcher's own cgroups or process groups,
-gpulaunch/supervisor/direct.py), chosen in gpulaunch/supervisor/choose.py.
+A supervisor is known by what it can do (`Capabilities`, its `can`), never by its
+`name`, which is only shown to users: code outside this package asks `can`.
+
+Modules: `systemd.py`, the systemd supervisor (scopes and slices), and
+`systemd_api.py`, the one module that talks to systemd (pystemd), `reach.py` for a
+manager that does not answer yet, `anchor.py` for the job's anchor service;
+`direct.py`, the direct supervisor (the watcher's own cgroups or process groups),
+with `cgroups.py` and `pgroups.py` under it and `keeper.py`, what outlives its
+watcher; `choose.py`, which supervisor a job gets (`--supervisor`), and what it
+guarantees.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from gpulaunch.errors import GpulaunchError
@@ -63,10 +69,29 @@ class SupervisorEvents(Protocol):
         what is left of its ranks itself (their stop jobs went with the manager)."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a supervisor can do: what the code outside this package asks of it."""
+
+    # Each rank is a unit of the manager's, by name (`Rank.unit`: the report, `status`).
+    makes_units: bool
+    # The manager's bus is there: the job is published on it (jobapi/publisher.py), and
+    # a job that cannot be is warned of; else a record file, and a bus is welcome only.
+    publishes_on_bus: bool
+    # What the ranks leave when the watcher is SIGKILLed is ended by a keeper, a process
+    # that outlives the watcher (keeper.py), forked before the job exists.
+    needs_keeper: bool
+    # The rank limits (--memory-max, --cpus-per-rank, ...) are unit settings the manager
+    # enforces where it has the controllers (resources/controllers.py says which it
+    # lacks); False: the supervisor enforces what it can itself and says what it cannot.
+    manager_limits: bool
+
+
 class Supervisor(Protocol):
     """Contains a job's ranks and stops them as one."""
 
-    name: str  # how the start line and `gpulaunch doctor` call it
+    name: str  # shown to users (the start line, `gpulaunch doctor`); never asked: see `can`
+    can: Capabilities  # what it can do
     parent_death_signal: int  # PR_SET_PDEATHSIG of every process the watcher forks; 0: none
 
     def attach(
@@ -82,9 +107,6 @@ class Supervisor(Protocol):
 
     def stop_gang(self) -> None:
         """Stop every rank gracefully; `SupervisorEvents.gang_stopped` follows."""
-
-    def stop_ranks(self, ranks: Sequence[int]) -> None:
-        """Stop these ranks gracefully (a rank's error file came first: its exit is awaited)."""
 
     def kill_gang(self) -> None:
         """SIGKILL every process of every rank now."""

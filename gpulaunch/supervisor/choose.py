@@ -79,9 +79,9 @@ def _systemd(
             f"{spec.names.job_slice}, out of the resource manager's limits and accounting"
         )
     line = (
-        f"systemd supervisor ({spec.names.job_slice}, {spec.manager.value} manager): each rank "
-        "a scope; watcher SIGKILLed → systemd stops every rank (BindsTo=); daemonised "
-        "grandchildren stopped with their rank's scope"
+        f"{SystemdSupervisor.name} supervisor ({spec.names.job_slice}, "
+        f"{spec.manager.value} manager): each rank a scope; watcher SIGKILLed → systemd "
+        "stops every rank (BindsTo=); daemonised grandchildren stopped with their rank's scope"
     )
     return Chosen(SystemdSupervisor(systemd, units, warn), line, spec.names.job_slice)
 

@@ -53,7 +53,7 @@ from gpulaunch.linux import (
     inotify_watch,
 )
 from gpulaunch.model import JobSpec
-from gpulaunch.supervisor import SupervisorEvents, Watch
+from gpulaunch.supervisor import Capabilities, SupervisorEvents, Watch
 from gpulaunch.supervisor.cgroups import Cgroup, remove_when_empty
 from gpulaunch.supervisor.keeper import KeeperLink, remove_tree
 from gpulaunch.supervisor.pgroups import Proc, descendants, reap_adopted, signal_all
@@ -71,6 +71,11 @@ class _Direct:
     """What both direct supervisors share: the grace timer and the events."""
 
     name = "direct"
+    # No units, no bus of its own to count on, a keeper for what the ranks leave, and its
+    # own limits (a cgroup per rank where one is writable: it says what it cannot enforce).
+    can = Capabilities(
+        makes_units=False, publishes_on_bus=False, needs_keeper=True, manager_limits=False
+    )
     parent_death_signal: int = signal.SIGKILL
 
     def __init__(self, spec: JobSpec, warn: Callable[[str], None]) -> None:
@@ -147,7 +152,7 @@ class CgroupSupervisor(_Direct):
 
     def guarantees(self) -> str:
         return (
-            f"direct supervisor (cgroup {self.job.path}): each rank in a cgroup of its own, "
+            f"{self.name} supervisor (cgroup {self.job.path}): each rank in a cgroup of its own, "
             f"stopped with cgroup.kill; {self._death_line()}"
         )
 
@@ -255,20 +260,6 @@ class CgroupSupervisor(_Direct):
         self._after_grace(self.kill_gang)
         self._on_inotify()
 
-    def stop_ranks(self, ranks: Sequence[int]) -> None:
-        """SIGTERM to these ranks' cgroups, cgroup.kill after the grace (the rest run on)."""
-        assert self._loop is not None
-        chosen = [self.ranks[r] for r in ranks]
-        for cgroup in chosen:
-            cgroup.signal(signal.SIGTERM)
-
-        def kill() -> None:
-            for cgroup in chosen:
-                if cgroup.populated():
-                    cgroup.kill()
-
-        self._loop.call_later(self.spec.grace_sec, kill)
-
     def kill_gang(self) -> None:
         for cgroup in self.ranks:
             if cgroup.populated():
@@ -325,7 +316,7 @@ class ProcessGroupSupervisor(_Direct):
 
     def guarantees(self) -> str:
         return (
-            f"direct supervisor (process groups; no cgroup: {self.why}): "
+            f"{self.name} supervisor (process groups; no cgroup: {self.why}): "
             f"{self._death_line()}; no limits enforced"
         )
 
@@ -371,19 +362,6 @@ class ProcessGroupSupervisor(_Direct):
         signal_all(self._targets(), signal.SIGTERM)
         self._after_grace(self.kill_gang)
         self._track()
-
-    def stop_ranks(self, ranks: Sequence[int]) -> None:
-        """SIGTERM to these ranks' process groups, SIGKILL after the grace (the rest run on)."""
-        assert self._loop is not None
-        mains = [self._rank_pids[r] for r in ranks if r in self._rank_pids]
-
-        def signal_groups(signum: int) -> None:
-            for main in mains:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(main, signum)
-
-        signal_groups(signal.SIGTERM)
-        self._loop.call_later(self.spec.grace_sec, signal_groups, signal.SIGKILL)
 
     def kill_gang(self) -> None:
         signal_all(self._targets(with_pumps=True), signal.SIGKILL)

@@ -101,13 +101,14 @@ class Leftovers:
             self.enabled.clear()
 
 
-def fork_keeper(in_step: bool, at_end: Callable[[], object]) -> KeeperLink:
+def fork_keeper(in_step: bool, at_end: Callable[[int], object]) -> KeeperLink:
     """Fork: returns in the child (the watcher); the parent keeps and never returns.
 
     `in_step`: inside a resource manager's step, whose signals reach every process
     of it (the watcher too): the keeper passes none on. `at_end`: run once the
-    watcher and every process below it are gone (start.py: prune dead watchers'
-    error-file directories, watcher/errorfile.py).
+    watcher and every process below it are gone, with the watcher's wait status
+    (watcher/keep.py: prune dead watchers' error-file directories, watcher/errorfile.py; what
+    the cluster's tools read, gpulaunch/schedulers/).
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -133,7 +134,7 @@ def fork_keeper(in_step: bool, at_end: Callable[[], object]) -> KeeperLink:
 
 
 def _keep(  # pragma: no cover - the keeper
-    watcher: int, messages: int, in_step: bool, at_end: Callable[[], object]
+    watcher: int, messages: int, in_step: bool, at_end: Callable[[int], object]
 ) -> NoReturn:
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
@@ -163,7 +164,7 @@ def _keep(  # pragma: no cover - the keeper
     try:  # nothing may keep us from exiting as the watcher did
         killed = end_descendants()
         removed = _remove_cgroup(left)
-        at_end()
+        at_end(status)
     except Exception as exc:  # said; then the watcher's status all the same
         _say(f"gpulaunch: the keeper could not clean up after the watcher: {exc}")
     if os.WIFSIGNALED(status):

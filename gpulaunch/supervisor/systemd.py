@@ -37,7 +37,7 @@ from gpulaunch.errors import (
     StoppedWhileStartingError,
     SystemdError,
 )
-from gpulaunch.supervisor import SupervisorEvents, Watch
+from gpulaunch.supervisor import Capabilities, SupervisorEvents, Watch
 from gpulaunch.supervisor.reach import retry
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
@@ -52,6 +52,9 @@ class SystemdSupervisor:
     """Scopes and slices of the system or a user manager (gpulaunch.supervisor.Supervisor)."""
 
     name = "systemd"
+    can = Capabilities(
+        makes_units=True, publishes_on_bus=True, needs_keeper=False, manager_limits=True
+    )
     parent_death_signal = 0  # the rank scopes are BindsTo= the watcher's: systemd stops them
 
     def __init__(
@@ -73,7 +76,6 @@ class SystemdSupervisor:
         self._gang_stop_asked = False  # then jobs on the ranks' units are ours
         self._outside = False  # a stop from outside was reported
         self._creating = False  # create() runs: the job slice's start job (no path of ours)
-        self._own_stops: set[str] = set()  # stop jobs of single ranks (stop_ranks)
         self._gone = False  # the manager stopped for good: nothing is asked of it any more
 
     def attach(
@@ -225,15 +227,6 @@ class SystemdSupervisor:
         self._on_bus()
         if self._stop_job is None:  # the slice is not loaded: nothing left to stop
             self._gang_stopped()
-
-    def stop_ranks(self, ranks: Sequence[int]) -> None:
-        """StopUnit on each rank's scope (SIGTERM, SIGKILL after TimeoutStopSec=)."""
-        for rank in ranks:
-            name = self.units.ranks[rank].name
-            path = self._call(lambda: self.sd.stop_unit(name))  # noqa: B023 (called at once)
-            if path is not None:
-                self._own_stops.add(path)
-        self._on_bus()
 
     def kill_gang(self) -> None:
         def kill_all() -> None:
@@ -390,12 +383,7 @@ class SystemdSupervisor:
         gang stop are ours too.
         """
         units = self.units
-        ours = (
-            path in self._awaited
-            or path in self._rank_jobs
-            or path == self._stop_job
-            or path in self._own_stops
-        )
+        ours = path in self._awaited or path in self._rank_jobs or path == self._stop_job
         gang = {units.ranks_slice.name, *(r.name for r in units.ranks)}
         # While create() runs, the job slice's start job comes from the anchor's call (an
         # auxiliary unit has no job path of its own in the reply): that one is ours too.

@@ -185,7 +185,7 @@ class _Counter:
     """A pystemd signal callback.
 
     pystemd keeps only a borrowed reference to the callback and stores its
-    userdata on the callable itself (systemd-facts.md): so each match gets its
+    userdata on the callable itself (docs/systemd-facts.md): so each match gets its
     own instance, and the connection keeps every instance referenced.
     """
 

@@ -24,14 +24,9 @@ def cgroup_of(machine: Machine) -> Path:
     return root / f"user.slice/user-{uid}.slice/user@{uid}.service"
 
 
-def cgroups(machine: Machine, supervisor: str = "systemd") -> Iterable[Finding]:
-    """What the limits do for a job here, under the supervisor it gets (`a job gets`)."""
-    if supervisor == "direct":
-        from gpulaunch.supervisor.cgroups import writable_cgroup
-
-        own, why_not = writable_cgroup()
-        yield from direct_cgroups(None if own is None else own.path, why_not)
-        return
+def cgroups(machine: Machine) -> Iterable[Finding]:
+    """What the limits do for a job here under a supervisor whose manager enforces them
+    (`Capabilities.manager_limits`: systemd's units)."""
     where = cgroup_of(machine)
     try:
         controllers = set((where / "cgroup.controllers").read_text().split())
@@ -74,6 +69,15 @@ def cgroups(machine: Machine, supervisor: str = "systemd") -> Iterable[Finding]:
             "accepted, not enforced: a user manager cannot install device filters",
             "run the job as root (a system job)",
         )
+
+
+def own_cgroups(machine: Machine) -> Iterable[Finding]:
+    """What the limits do for a job here under a supervisor that enforces them itself (the
+    direct one, in the cgroup it can write)."""
+    from gpulaunch.supervisor.cgroups import writable_cgroup
+
+    own, why_not = writable_cgroup()
+    return direct_cgroups(None if own is None else own.path, why_not)
 
 
 def direct_cgroups(own: Path | None, why_not: str) -> Iterable[Finding]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.logs.journal import rate_limit_settings
 from gpulaunch.model import Manager
-from gpulaunch.system.cgroupchecks import cgroups
+from gpulaunch.system.cgroupchecks import cgroups, own_cgroups
 from gpulaunch.system.files import BUS_POLICY, FIX, Piece
 from gpulaunch.system.findings import Finding, Machine, Status
 from gpulaunch.units import values
@@ -34,6 +34,7 @@ class Verdict:
     can_run: bool
     why: str
     fix: str = ""
+    limits: Callable[[Machine], Iterable[Finding]] = cgroups  # its cgroups rows (cgroupchecks)
 
 
 def manager_problem(manager: Manager) -> GpulaunchError | None:
@@ -71,7 +72,7 @@ def direct_supervisor(machine: Machine, problem: GpulaunchError | None) -> Verdi
     )
     if step is not None:
         how += f"; auto picks it inside {step}"
-    return Verdict("direct", True, how)
+    return Verdict("direct", True, how, limits=own_cgroups)
 
 
 # One entry per supervisor, in order of preference: a job gets the first that can run
@@ -349,10 +350,10 @@ def run_all(machine: Machine) -> list[Finding]:
     problems = {m: manager_problem(m) for m in order}
     verdicts = [probe(machine, problems[machine.manager]) for probe in SUPERVISORS]
     found: list[Finding] = [*supervisors(machine, verdicts), *managers(machine, problems)]
-    chosen = next((v.name for v in verdicts if v.can_run), "systemd")
+    chosen = next((v for v in verdicts if v.can_run), None)
     for check in (user_jobs, user_bus, runtime_files, bus_policy, journald):
         found.extend(check(machine))
-    found.extend(cgroups(machine, chosen))
+    found.extend(cgroups(machine) if chosen is None else chosen.limits(machine))
     for check in (fd_limits, nvidia):
         found.extend(check(machine))
     return found

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -68,6 +68,3 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(format_table(findings))
     return 0 if can_run(findings) else CANNOT_RUN
-
-
-ManagerOptions = Callable[[argparse.ArgumentParser, str], None]

@@ -1,7 +1,11 @@
-"""The job's systemd units: names, templates, rendering and the D-Bus codec.
+"""The job's systemd units: templates, rendering and the D-Bus codec.
 
-- `names`: job ids → unit names (systemd's escaping, injective);
-- `templates`: finding and rendering the unit templates (`templates/`);
-- `job`: the units of one job, rendered from one typed set of template variables;
-- `codec`, `values`: unit-file text → typed D-Bus properties.
+- `templates.py`: finding and rendering the unit templates (`templates/`), trusted by
+  `trust.py`, with the variables of `variables.py`;
+- `job.py`: the units of one job, rendered from one typed set of template variables,
+  as `definitions.py`'s types;
+- `guarantees.py`: the settings a template may not take away;
+- `codec.py`, `values.py`: unit-file text → typed D-Bus properties.
+
+Job ids → unit names: gpulaunch/base/names.py.
 """

@@ -415,6 +415,8 @@ _TABLE: list[_Setting] = [
     # use (units/anchor.service, units/launch.service) and little more.
     _listing("ExecStart", _SERVICE, _SERVICE5, "use an absolute path, then arguments (quote "
              "with \"...\", C escapes such as \\n inside)", "a(sasb)", _exec_start),
+    _listing("ExecStopPost", _SERVICE, _SERVICE5, "use an absolute path, then arguments (quote "
+             "with \"...\", C escapes such as \\n inside)", "a(sasb)", _exec_start),
     _listing("Environment", _SERVICE, _EXEC5, "use NAME=VALUE words (quote with \"...\")", "as",
              _environment),
     _scalar("WorkingDirectory", _SERVICE, _EXEC5, "use an absolute path", _working_directory,

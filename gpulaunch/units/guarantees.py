@@ -25,7 +25,7 @@ when the watcher goes away, however it dies), and `Before=` must not (an orderin
 makes systemd drop one of the two jobs).
 
 `watcher.scope`: `PropagatesStopTo=` must name the job slice (the slice is removed when
-the watcher ends; a slice never goes away by itself, notes/systemd-facts.md).
+the watcher ends; a slice never goes away by itself, docs/systemd-facts.md).
 
 `anchor.service`: `Slice=` and `PropagatesStopTo=` must name the job slice (its end, the
 watcher's end, removes the job; supervisor/anchor.py).

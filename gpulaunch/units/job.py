@@ -15,6 +15,7 @@ from gpulaunch.base.argtext import printable
 from gpulaunch.base.names import ROOT_SLICE
 from gpulaunch.errors import UsageError
 from gpulaunch.model import JobSpec, RankSpec
+from gpulaunch.schedulers.jobmap import cleanup_argv
 from gpulaunch.units.definitions import JobUnits, LaunchSetup, UnitDefinition
 from gpulaunch.units.templates import Templates
 from gpulaunch.units.variables import AnchorVars, JobVars, LaunchVars, RankVars, TieVars
@@ -78,7 +79,15 @@ def anchor_vars(spec: JobSpec, watcher_pid: int) -> AnchorVars:
         program=ANCHOR_PROGRAM,
         watcher_pid=watcher_pid,
         watcher_start_time=start_time(watcher_pid),
+        job_map_cleanup=_job_map_cleanup(spec),
     )
+
+
+def _job_map_cleanup(spec: JobSpec) -> tuple[str, ...]:
+    gpus = {rank.gpu for rank in spec.ranks if rank.gpu is not None}
+    if spec.gpu_job_map is None or not gpus:
+        return ()
+    return tuple(cleanup_argv(sys.executable, spec.gpu_job_map, spec.job, gpus))
 
 
 def tie_vars(spec: JobSpec, frontend_pid: int) -> TieVars:

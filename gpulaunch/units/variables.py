@@ -47,6 +47,9 @@ class AnchorVars(JobVars):
     program: str  # the anchor's program, for `python -I -S -c` (several lines: quote it)
     watcher_pid: int  # the watcher it waits for
     watcher_start_time: str  # its start time in clock ticks (/proc/PID/stat), against pid reuse
+    # --gpu-job-map: the command that takes the job off DCGM's map once the watcher is gone
+    # (ExecStopPost=: also after a SIGKILL; gpulaunch/schedulers/jobmap.py); empty: none
+    job_map_cleanup: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

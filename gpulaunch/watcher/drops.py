@@ -1,6 +1,6 @@
 """What the report says of rank output lost on its way: gaps in the --log-dir files and
-the lines journald did not keep (docs/logs.md). Completed before any part hears
-`finished`, so that the record and the bus carry the complete report."""
+the lines journald did not keep (its rate limit: docs/systemd-facts.md). Completed before
+any part hears `finished`, so that the record and the bus carry the complete report."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpulaunch.base.slurm import resource_manager_step
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.model import JobSpec, SupervisorKind
+from gpulaunch.schedulers.observers import after_the_watcher
 from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.supervisor.keeper import KeeperLink
 
@@ -34,9 +35,10 @@ def fork_keeper_for(spec: JobSpec) -> KeeperLink:
     except GpulaunchError:
         error_dirs = None  # the watcher says why, once
 
-    def at_end() -> None:  # the watcher's error-file directory, now that it is gone
-        if error_dirs is not None:
+    def at_end(status: int) -> None:  # the watcher is gone, and everything of its ranks
+        if error_dirs is not None:  # its error-file directory
             prune_dead(error_dirs)
+        after_the_watcher(spec, status)  # DCGM's map, Kubernetes' termination message
 
     return fork_keeper(resource_manager_step(os.environ) is not None, at_end)
 

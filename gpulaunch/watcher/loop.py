@@ -75,7 +75,7 @@ class Watcher(EventLoop):
         os.set_blocking(wakeup_fd, False)  # read between forks too, not only when readable
         self.clock = clock
         self.phase = Phase.STARTING
-        self.ranks = [Rank(spec=r, units=supervisor.name != "direct") for r in spec.ranks]
+        self.ranks = [Rank(spec=r, units=supervisor.can.makes_units) for r in spec.ranks]
         self.pump_pids: dict[int, list[int]] = {}  # rank -> its pumps' pids, every attempt
         self.interrupt: tuple[float, int] | None = None
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
@@ -99,7 +99,9 @@ class Watcher(EventLoop):
         self.usage = UsageReader(spec)  # what each rank used, read as it ends
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
         self.recovery = Recovery(spec.max_restarts, recovery or RecoveryOptions())
-        self.steps = ProgressChannel(spec, lambda: self.ranks, self.output.message, journal)
+        self.steps = ProgressChannel(
+            spec, lambda: self.ranks, self.output.message, journal, base=self._runtime_dir
+        )
         if peer is not None:
             assert spec.layout is not None
             self.nodes = OtherNodes(peer, spec.layout, clock, self._elsewhere)
@@ -188,7 +190,7 @@ class Watcher(EventLoop):
         `units`: a new round's, where its ranks were renumbered (watcher/rounds.py)."""
         if self.hang is not None:
             self.hang.hung_at = None  # that hang caused this restart, not the job's end
-        self.ranks = [Rank(spec=r, units=self.supervisor.name != "direct") for r in self.spec.ranks]
+        self.ranks = [Rank(spec=r, units=self.supervisor.can.makes_units) for r in self.spec.ranks]
         self.stop_issued = False
         self._failure_pending = None
         self._settle = Settle(self.spec.grace_sec)

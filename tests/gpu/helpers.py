@@ -96,3 +96,19 @@ def popen(job: Job, argv: list[str]) -> subprocess.Popen[str]:
     return job.box.popen(
         argv, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+def hold(job: Job) -> tuple[frozenset[int], subprocess.Popen[str]]:
+    """Start a 2-rank job whose ranks each hold 256 MiB; return their pids as nvidia-smi
+    lists them, and the watcher process."""
+    before = nvsmi.compute_pids()
+    proc = popen(job, start_argv(job, "--nproc", "2", mode="hold"))
+    try:
+        for rank in (0, 1):
+            job.wait_file(f"rank{rank}.ready", timeout=120)
+        pids = job_compute_pids(before, 2)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return pids, proc

@@ -12,14 +12,12 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 
 import pytest
 
-from tests.gpu import nvsmi
-from tests.gpu.helpers import job_compute_pids, popen, report, seconds_until_gone
+from tests.gpu.helpers import hold, report, seconds_until_gone
 from tests.gpu.helpers import start_argv as start
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean
 
@@ -67,22 +65,6 @@ def test_failing_rank_stops_the_gang(job: Job, finding: Callable[[str], None]) -
     assert status.returncode in (0, 1), status.stderr
     data = json.loads(status.stdout)
     finding(f"status after the end: {json.dumps(data)[:300]}")
-
-
-def hold(job: Job) -> tuple[frozenset[int], subprocess.Popen[str]]:
-    """Start a 2-rank job whose ranks each hold 256 MiB; return their pids as nvidia-smi
-    lists them, and the watcher process."""
-    before = nvsmi.compute_pids()
-    proc = popen(job, start(job, "--nproc", "2", mode="hold"))
-    try:
-        for rank in (0, 1):
-            job.wait_file(f"rank{rank}.ready", timeout=120)
-        pids = job_compute_pids(before, 2)
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
-    return pids, proc
 
 
 @pytest.mark.gpu(needs=("pystemd",))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.gpu import nvsmi
-from tests.gpu.test_jobs import hold
+from tests.gpu.helpers import hold
 from tests.integration.jobs import GPULAUNCH, Job
 
 pytestmark = pytest.mark.gpu

@@ -8,103 +8,30 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from gpulaunch.jobapi.view import bus_name, object_path
-from tests.integration.jobs import GPULAUNCH, REPO, Job, wait_until
-from tests.integration.test_start import assert_clean
+from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, wait_until
+from tests.integration.shared import (
+    Subscriber,
+    box_user,
+    busctl,
+    finish,
+    gl,
+    one_line_error,
+    prop,
+    start_running,
+)
 
 pytestmark = pytest.mark.integration
+__all__ = ["box_user"]  # a fixture
 
-SUBSCRIBER = str(REPO / "tests" / "integration" / "scripts" / "subscriber.py")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 POLICY = "/etc/dbus-1/system.d/io.gpulaunch.conf"
-
-
-def gl(
-    job: Job, *argv: str, prefix: Sequence[str] = (), **kw: Any
-) -> subprocess.CompletedProcess[str]:
-    """`gpulaunch ARGV` in the box."""
-    return job.box.run(
-        [*prefix, GPULAUNCH, *argv], cwd=str(REPO), capture_output=True, text=True, **kw
-    )
-
-
-def busctl(job: Job, *argv: str) -> str:
-    res = job.box.run(["busctl", *argv], capture_output=True, text=True, timeout=30)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
-
-
-def prop(job: Job, name: str) -> Any:
-    out = busctl(
-        job,
-        "--json=short",
-        "get-property",
-        bus_name(job.id),
-        object_path(job.id),
-        "io.gpulaunch.Job1",
-        name,
-    )
-    return json.loads(out)["data"]
-
-
-def one_line_error(res: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
-    """The command failed with `code` and one error line, its last (warnings may come first)."""
-    assert res.returncode == code, res.stderr
-    lines = res.stderr.splitlines()
-    assert [line for line in lines if line.startswith("gpulaunch: error: ")] == lines[-1:]
-    assert res.stderr.endswith("\n") and "Traceback" not in res.stderr, res.stderr
-    for needle in needles:
-        assert needle in lines[-1], res.stderr
-
-
-def start_running(job: Job, nproc: int = 2, *opts: str) -> subprocess.Popen[str]:
-    proc = job.popen("--nproc", str(nproc), *opts, script_args=["--sleep", "300"])
-    for rank in range(nproc):
-        job.wait_file(f"rank{rank}.ready")
-    return proc
-
-
-def finish(job: Job, proc: subprocess.Popen[str]) -> tuple[int, str]:
-    if proc.poll() is None:
-        try:
-            os.kill(job.box.inner_pid(proc), signal.SIGTERM)
-        except Exception:  # it is ending by itself
-            pass
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
-
-
-class Subscriber:
-    """A bus client in the box that prints every signal of the job's object."""
-
-    def __init__(self, job: Job) -> None:
-        self.proc = job.box.popen(
-            [sys.executable, SUBSCRIBER, object_path(job.id)],
-            cwd=str(REPO),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        assert ready and self.proc.stdout.readline() == "ready\n", self.proc.stderr
-
-    def events(self, timeout: float = 30) -> list[dict[str, Any]]:
-        out, err = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, err
-        return [json.loads(line) for line in out.splitlines()]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
 
 
 @pytest.fixture
@@ -304,32 +231,6 @@ def test_stop_is_refused_for_another_user(job: Job) -> None:
         code, err = finish(job, proc)
     assert code == 143, err
     assert_clean(job)
-
-
-@pytest.fixture(scope="module")
-def box_user(box: object) -> tuple[int, list[str]]:
-    """An ordinary user with a running user manager, inside the box only; argv prefix."""
-    from sdbox import Box
-
-    if not isinstance(box, Box):
-        pytest.skip("needs the throwaway box: it would add a user to this host")
-    # Module-scoped, and other modules use it too: the box (one per session) may have it.
-    if box.run(["id", "-u", "gljob"], capture_output=True).returncode != 0:
-        box.run(["useradd", "--create-home", "gljob"], check=True, capture_output=True)
-    box.run(["chmod", "711", "/root"], check=True)  # let the user reach this Python
-    uid = int(box.run(["id", "-u", "gljob"], capture_output=True, text=True, check=True).stdout)
-    box.run(["systemctl", "start", f"user@{uid}.service"], check=True)
-    prefix = [
-        "setpriv",
-        f"--reuid={uid}",
-        f"--regid={uid}",
-        "--init-groups",
-        "env",
-        "HOME=/home/gljob",
-        f"XDG_RUNTIME_DIR=/run/user/{uid}",
-        f"DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/{uid}/bus",
-    ]
-    return uid, prefix
 
 
 def test_owner_stops_a_user_job_on_the_session_bus(

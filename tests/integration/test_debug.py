@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import REPO, Job, assert_clean
-from tests.integration.test_dbus import finish, gl, start_running
+from tests.integration.shared import finish, gl, start_running
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +107,7 @@ def test_the_rank_that_raised_is_the_cause_under_either_supervisor_and_for_a_use
         res = job.run("--supervisor", "direct", "--nproc", "3", script=SLOW_TEARDOWN,
                       script_args=args, timeout=180)  # fmt: skip
     else:
-        from tests.integration.test_frontend import assert_user_clean, make_user
+        from tests.integration.shared import assert_user_clean, make_user
 
         login = make_user(box, "glorigin", manager=True)
         job.dir.chmod(0o777)

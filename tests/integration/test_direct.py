@@ -28,11 +28,10 @@ from gpulaunch.jobapi.view import JobState, JobView
 from sdbox.procs import first_child
 from tests.integration.container import Container, alive_script, container
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, SHARED, wait_until
+from tests.integration.shared import CGROUP_LINE, PGROUP_LINE, gpulaunch
 
 pytestmark = pytest.mark.integration
 
-CGROUP_LINE = "direct supervisor (cgroup /sys/fs/cgroup/gpulaunch-"
-PGROUP_LINE = "direct supervisor (process groups; no cgroup:"
 # (gpulaunch is the container's PID 1, the container's cgroup2 is read-only)
 MODES = {
     "pid1-cgroup": (True, False),
@@ -57,10 +56,6 @@ def work() -> Path:
     (d / "state").mkdir(mode=0o777)
     (d / "state").chmod(0o777)
     return d
-
-
-def gpulaunch(work: Path, *args: str) -> str:
-    return f"env XDG_STATE_HOME={work}/state " + shlex.join([GPULAUNCH, *args])
 
 
 def start(work: Path, ro: bool, job: str, *rank_args: str, opts: tuple[str, ...] = ()) -> str:

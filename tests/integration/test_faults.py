@@ -9,17 +9,14 @@ import random
 import signal
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sdbox.box import cgroup2_root
-from tests.integration.jobs import REPO, Job, wait_until
-from tests.integration.test_dbus import box_user, gl
-from tests.integration.test_start import assert_clean
+from tests.integration.jobs import REPO, Job, assert_clean, wait_until
+from tests.integration.shared import box_user, gl, record, slice_dir
 
-__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
+__all__ = ["box_user"]  # a fixture (shared.py)
 pytestmark = pytest.mark.integration
 
 
@@ -28,12 +25,6 @@ def failing_first(ends: list[tuple[Any, ...]], err: str = "") -> str:
     passed: pytest cuts a long message at its end."""
     lines = [f"failed: run {ends[-1]}", *([err.strip()] if err else [])]
     return "\n".join([*lines, f"runs before it: {ends[:-1]}"])
-
-
-def slice_dir(job: Job) -> Path:
-    """The job slice's cgroup as the host sees it (it exists once systemd created the slice)."""
-    root = getattr(job.box, "cgroup", None) or cgroup2_root()
-    return Path(root) / "gpulaunch.slice" / job.names.job_slice
 
 
 def when_the_slice_exists(job: Job, proc: subprocess.Popen[str], delay: float) -> bool:
@@ -45,14 +36,6 @@ def when_the_slice_exists(job: Job, proc: subprocess.Popen[str], delay: float) -
         time.sleep(0.001)
     time.sleep(delay)
     return proc.poll() is None
-
-
-def record(job: Job) -> dict[str, Any]:
-    """The job's journal record, as `gpulaunch status --json` reads it after the end."""
-    res = gl(job, "status", "--json", job.id)
-    assert res.returncode == 0, res.stderr
-    view: dict[str, Any] = json.loads(res.stdout)
-    return view
 
 
 def test_watcher_sigkill_at_random_instants_of_start_up(job: Job) -> None:

@@ -9,105 +9,17 @@ runs inside `user@UID.service`: the user manager cannot adopt these processes.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tests.integration.jobs import GPULAUNCH, REPO, Job, wait_until
+from tests.integration.jobs import GPULAUNCH, Job, wait_until
+from tests.integration.shared import Login, assert_user_clean, login, make_user, ujob
+from tests.integration.shared import running_from_login as _running
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass(frozen=True)
-class Login:
-    """An ordinary user of the box, with a running (lingering) user manager."""
-
-    box: Any
-    user: str
-    uid: int
-
-    def argv(self, argv: Sequence[str], env: Sequence[str] = ()) -> list[str]:
-        """argv in a fresh login session of this user (a session-N.scope of root's)."""
-        session = f"session-fake{uuid.uuid4().hex[:8]}"
-        return [
-            "systemd-run", "--quiet", "--scope", f"--slice=user-{self.uid}.slice",
-            f"--unit={session}", "runuser", "-u", self.user, "--",
-            "env", f"XDG_RUNTIME_DIR=/run/user/{self.uid}", *env,
-            # PAM's 1024 open files kill ranks with 127 (fixed elsewhere): raise it, as users do
-            "sh", "-c", 'ulimit -Sn "$(ulimit -Hn)"; exec "$@"', "sh", *argv,
-        ]  # fmt: skip
-
-    def run(self, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        kw.setdefault("timeout", 120)
-        return self.box.run(self.argv(argv), cwd=str(REPO), capture_output=True, text=True, **kw)
-
-    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]:
-        return self.box.popen(
-            self.argv(argv), cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-
-    def user_units(self) -> str:
-        """Every unit of the user manager named gpulaunch-*, in any state."""
-        return self.box.run(
-            ["runuser", "-u", self.user, "--", "env", f"XDG_RUNTIME_DIR=/run/user/{self.uid}",
-             "systemctl", "--user", "list-units", "--all", "--plain", "--no-legend",
-             "gpulaunch-*"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-
-    def frontend_pid(self, job: Job) -> int:
-        """The front end's pid in the box (the watcher's command line has --frontend-child)."""
-        # Python running the gpulaunch script, not runuser or sh with it in their argv
-        pattern = f"^[^ ]*python[^ ]* [^ ]*/gpulaunch start --job {job.id} "
-        out = ""
-
-        def found() -> bool:
-            nonlocal out
-            out = self.box.run(["pgrep", "-f", "--", pattern], capture_output=True).stdout
-            return bool(out.split())
-
-        wait_until(found, 30, f"the front end of {job.id}")
-        return int(out.split()[0])
-
-
-def make_user(box: Any, name: str, *, manager: bool) -> Login:
-    from sdbox import Box
-
-    if not isinstance(box, Box):
-        pytest.skip("needs the throwaway box: it would add a user to this host")
-    if box.run(["id", "-u", name], capture_output=True).returncode != 0:  # one box a session
-        box.run(["useradd", "--create-home", name], check=True, capture_output=True)
-    # Inside the box's overlay only: let the user reach this Python (pyenv lives under /root).
-    box.run(["chmod", "711", "/root"], check=True)
-    uid = int(box.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
-    if manager:  # what `loginctl enable-linger` makes logind do at boot
-        box.run(["systemctl", "start", f"user@{uid}.service"], check=True)
-    return Login(box=box, user=name, uid=uid)
-
-
-@pytest.fixture(scope="module")
-def login(box: Any) -> Login:
-    return make_user(box, "glfront", manager=True)
-
-
-@pytest.fixture
-def ujob(job: Job) -> Job:
-    os.chmod(job.dir, 0o777)
-    return job
-
-
-def assert_user_clean(login: Login, job: Job) -> None:
-    prefix = f"gpulaunch-{job.names.component}"
-    wait_until(
-        lambda: prefix not in login.user_units(), 10, f"units of {job.id}: {login.user_units()}"
-    )
-    assert job.alive() == []
+__all__ = ["login", "ujob"]  # fixtures
 
 
 def test_start_from_a_login_shell(login: Login, ujob: Job) -> None:
@@ -133,13 +45,6 @@ def test_a_failing_rank_from_a_login_shell(login: Login, ujob: Job) -> None:
     rows = [line.split() for line in res.stderr.splitlines() if line.split()[:1] in (["0"], ["2"])]
     assert all(r[3:5] == ["SIGTERM", "stopped"] for r in rows) and len(rows) == 2
     assert_user_clean(login, ujob)
-
-
-def _running(login: Login, job: Job, nproc: int) -> tuple[subprocess.Popen[str], int]:
-    proc = login.popen(job.argv("--nproc", str(nproc), script_args=["--sleep", "300", "--print"]))
-    for rank in range(nproc):
-        job.wait_file(f"rank{rank}.ready")
-    return proc, login.frontend_pid(job)
 
 
 @pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

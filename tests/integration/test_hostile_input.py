@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job
-from tests.integration.test_frontend import Login, assert_user_clean, login, make_user, ujob
+from tests.integration.shared import Login, assert_user_clean, login, make_user, ujob
 
 pytestmark = pytest.mark.integration
 __all__ = ["login", "ujob"]  # fixtures

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job
-from tests.integration.test_logs import DROP_IN, TALK
+from tests.integration.shared import DROP_IN, TALK
 
 pytestmark = pytest.mark.integration
 

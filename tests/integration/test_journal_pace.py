@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.jobs import REPO, Job
-from tests.integration.test_logs import TALK, journal_count
+from tests.integration.shared import TALK, journal_count
 
 pytestmark = pytest.mark.integration
 

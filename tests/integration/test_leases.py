@@ -1,6 +1,8 @@
 """GPU leases under a real systemd (issue 28): root's and an ordinary user's jobs share two fake
 GPUs (`--machine-root`, tests/fake_machine.py), a third job is refused naming both holders, and a
-SIGKILLed watcher's GPU is free for the next job at once (the kernel drops its flock)."""
+SIGKILLed watcher's GPU is free for the next job at once (the kernel drops its flock). No
+directory under /run/gpulaunch is writable by the user (issue 35): their note is in their own
+runtime directory."""
 
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ import pytest
 from gpulaunch.base.names import UnitNames
 from tests.fake_machine import FakeGpu, write_fake_machine
 from tests.integration.jobs import GPULAUNCH, RANK_SCRIPT, REPO, Job, wait_until
-from tests.integration.test_dbus import box_user
+from tests.integration.shared import box_user
 
-__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
+__all__ = ["box_user"]  # a fixture (shared.py)
 
 pytestmark = pytest.mark.integration
 
@@ -86,8 +88,12 @@ def holder_pid(line: str, bus: str) -> int:
 def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
     job: Job, box_user: tuple[int, list[str]]
 ) -> None:
-    _, as_user = box_user
+    uid, as_user = box_user
     machine = fake_machine(job)
+    runtime = machine / "run/user" / str(uid)  # the user's runtime directory, as logind makes it
+    runtime.mkdir(parents=True)
+    job.box.run(["chown", f"{uid}:{uid}", str(runtime)], check=True)
+    runtime.chmod(0o700)
     a, b = job.id + "-a", job.id + "-b"
     procs = []
     try:
@@ -110,6 +116,30 @@ def test_root_and_a_user_share_the_gpus_and_a_killed_watcher_frees_its_gpu(
             res = job.box.run([*as_user, *attempt], capture_output=True, text=True)
             assert res.returncode != 0, attempt
         assert not (store / "nvidia7").exists() and not (store / "nvidia0").is_symlink()
+        # issue 35: no directory under /run/gpulaunch is writable by others (a 1777 one let a
+        # user fill /run); the user's note is in their own runtime directory, and root's
+        # refusal above named the user's job from it
+        run = machine / "run/gpulaunch"
+        for d in (run, *run.rglob("*")):
+            assert not (d.is_dir() and d.stat().st_mode & 0o022), f"{d} is writable by others"
+        for d in (run, run / "gpus", run / "holders"):
+            res = job.box.run([*as_user, "touch", str(d / "x")], capture_output=True)
+            assert res.returncode != 0 and not (d / "x").exists(), d
+        notes = [n.name for n in (runtime / "gpulaunch/holders").iterdir()]
+        assert notes == [str(holder_pid(line, BUSES[1]))], notes
+        # and the machine's own /run/gpulaunch, where root's jobs keep their records, error
+        # files and progress sockets: nothing there that others may write either, once this
+        # version's tmpfiles.d entry is applied as `gpulaunch setup` and the .deb do (over
+        # what an older entry in the host's /etc, which the box boots with, made)
+        conf = str(REPO / "packaging/tmpfiles.d/gpulaunch.conf")
+        job.box.run(["systemd-tmpfiles", "--create", conf], capture_output=True)
+        found = job.box.run(
+            ["find", "/run/gpulaunch", "-type", "d", "-perm", "/022"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert found.stdout == "", found.stdout
         for victim, bus, name in ((procs[1], BUSES[1], b), (procs[0], BUSES[0], a)):
             pid = holder_pid(line, bus)  # the watcher, as the kernel's /proc/locks names it
             job.box.run(["kill", "-KILL", str(pid)], check=True)

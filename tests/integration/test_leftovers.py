@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.container import alive_script
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, wait_until
-from tests.integration.test_dbus import start_running
+from tests.integration.shared import start_running
 
 pytestmark = pytest.mark.integration
 

@@ -149,7 +149,7 @@ def as_user(login: Any, job: Job, args: Sequence[str]) -> subprocess.CompletedPr
 
 
 def test_an_ordinary_user_s_python_train_py_runs_under_the_front_end(box: Any, job: Job) -> None:
-    from tests.integration.test_frontend import assert_user_clean, make_user
+    from tests.integration.shared import assert_user_clean, make_user
 
     login = make_user(box, "gllightning", manager=True)
     job.dir.chmod(0o777)

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tests.integration.jobs import REPO, Job, wait_until
-from tests.integration.test_logs import TALK, journal_count
+from tests.integration.shared import TALK, journal_count
 
 pytestmark = pytest.mark.integration
 

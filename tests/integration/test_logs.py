@@ -14,11 +14,9 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job
+from tests.integration.shared import DROP_IN, TALK, journal_count
 
 pytestmark = pytest.mark.integration
-
-TALK = str(REPO / "tests" / "integration" / "scripts" / "talk.py")
-DROP_IN = (REPO / "packaging" / "journald" / "60-gpulaunch.conf").read_text()
 
 
 def journal(job: Job, unit: str, *fields: str) -> list[dict[str, Any]]:
@@ -34,16 +32,6 @@ def journal(job: Job, unit: str, *fields: str) -> list[dict[str, Any]]:
 def message(entry: dict[str, Any]) -> bytes:
     msg = entry["MESSAGE"]
     return bytes(msg) if isinstance(msg, list) else msg.encode()
-
-
-def journal_count(job: Job, unit: str) -> int:
-    out = job.box.run(
-        ["journalctl", "--no-pager", "-q", "-o", "cat", f"_SYSTEMD_UNIT={unit}"],
-        capture_output=True,
-        check=True,
-        text=False,
-    ).stdout
-    return out.count(b"\n")
 
 
 def test_each_rank_in_its_own_unit_with_priorities(job: Job) -> None:

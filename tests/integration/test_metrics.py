@@ -21,8 +21,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean, new_job, wait_until
-from tests.integration.test_dbus import finish
-from tests.integration.test_frontend import assert_user_clean, make_user
+from tests.integration.shared import assert_user_clean, finish, make_user
 
 pytestmark = pytest.mark.integration
 
@@ -271,3 +270,45 @@ def test_an_ordinary_user_s_job_serves_and_writes_its_metrics(box: Any, job: Job
             finish(job, proc)
     assert list(textdir.iterdir()) == []
     assert_user_clean(login, job)
+
+
+IDLE_THEN_SCRAPE = """
+import json, socket, sys, urllib.request
+port = int(sys.argv[1])
+idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(40)]
+ok = 0
+for _ in range(25):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            ok += r.status == 200 and b"gpulaunch_job_ranks" in r.read()
+    except OSError as exc:
+        print(exc, file=sys.stderr)
+print(json.dumps({"ok": ok}))
+"""
+
+
+def test_port_alone_listens_on_loopback_and_idle_connections_deny_no_scrape(job: Job) -> None:
+    """Issue 35: `--metrics-listen PORT` bound every address, and 40 idle connections (16
+    clients at most, each allowed to idle 30 s) made 24 of 25 scrapes fail. PORT alone is
+    loopback now, and every scrape is answered while another user holds 40 idle
+    connections."""
+    proc = job.popen("--nproc", "1", "--metrics-listen", "0", script=SCRIPT)
+    try:
+        url = metrics_line(proc).split("metrics at ")[1]
+        found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/metrics", url)
+        assert found, url  # loopback, IPv4: no other address
+        job.wait_file("rank0.ready")
+        res = job.box.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [sys.executable, "-I", "-c", IDLE_THEN_SCRAPE, found[1]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout) == {"ok": 25}, res.stderr
+    finally:
+        gl(job, "stop", job.id)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 143, proc.returncode
+    assert_clean(job)

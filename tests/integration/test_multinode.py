@@ -14,14 +14,9 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,182 +26,29 @@ from gpulaunch.base.names import UnitNames
 from gpulaunch.base.protocol import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, NODE_LOST_STATUS
 from gpulaunch.jobapi.view import bus_name, object_path
 from gpulaunch.multinode.peer import STORE_SILENT_TIMEOUTS
-from sdbox import Box, HostSystemd, host_systemd_running
-from tests.integration.conftest import box_files
-from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until
-from tests.integration.test_torchrun_compat import SAME_VALUE
+from tests.integration.jobs import GPULAUNCH, REPO, wait_until
+from tests.integration.shared import (
+    NNODES,
+    NPROC,
+    SAME_VALUE,
+    MultiJob,
+    host,
+    mjob,
+    node_ranks,
+    nodes,
+)
+from tests.integration.shared import finish_nodes as finish
 
 pytestmark = pytest.mark.integration
+__all__ = ["mjob", "nodes"]  # fixtures
 
-DDP = str(REPO / "tests" / "integration" / "scripts" / "ddp.py")
-NNODES = 3
-NPROC = 2
 # A failure on one node must reach the ranks of every other node long before any collective
 # timeout. The bound is generous for a loaded 2-CPU machine; the tests print what they
 # measured, and bench/ (scenario 7) measures it against torchrun.
 STOP_BOUND = 20.0
 
 
-@pytest.fixture(scope="module")
-def nodes() -> Iterator[list[Box | HostSystemd]]:
-    if host_systemd_running():
-        yield [HostSystemd()] * NNODES
-        return
-    with ExitStack() as stack:
-        yield [stack.enter_context(Box(binds=[REPO], files=box_files())) for _ in range(NNODES)]
-
-
-def host(node: int) -> str:
-    """Each node its own loopback address, as each machine has its own (127/8 is loopback)."""
-    return f"127.0.0.{node + 1}"
-
-
 NODES_LINE = "nodes: 0 127.0.0.1 ranks 0-1, 1 127.0.0.2 ranks 2-3, 2 127.0.0.3 ranks 4-5"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class Ended:
-    node: int
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@dataclass
-class MultiJob:
-    """One job across the nodes: its id, the rank files' directory, its store's port."""
-
-    boxes: list[Box | HostSystemd]
-    id: str
-    dir: Path
-    port: int
-
-    @property
-    def shared_systemd(self) -> bool:
-        return isinstance(self.boxes[0], HostSystemd)
-
-    def job_id(self, node: int) -> str:
-        return f"{self.id}-n{node}" if self.shared_systemd else self.id
-
-    def argv(
-        self, node: int, opts: Sequence[str], script_args: Sequence[str], named: bool = True
-    ) -> list[str]:
-        """`named`: give the job id (else gpulaunch derives it, the same on every node)."""
-        if self.shared_systemd:
-            names = ["--job", self.job_id(node), "--rdzv-id", self.id]
-        else:
-            names = ["--job", self.id] if named else []
-        return [
-            GPULAUNCH,
-            "start",
-            *names,
-            *("--nproc", str(NPROC), "--local-addr", host(node), "--grace", "5"),
-            *opts,
-            DDP,
-            "--dir",
-            str(self.dir),
-            *script_args,
-        ]
-
-    def static(self, node: int, nnodes: int = NNODES) -> list[str]:
-        return [
-            *("--nnodes", str(nnodes), "--node-rank", str(node)),
-            *("--master-addr", "127.0.0.1", "--master-port", str(self.port)),
-        ]
-
-    def start(
-        self,
-        opts: Sequence[Sequence[str]],
-        script_args: Sequence[str] = (),
-        env: Sequence[dict[str, str]] | None = None,
-        named: bool = True,
-    ) -> list[subprocess.Popen[str]]:
-        """Node i runs with opts[i] (and env[i] added to the environment)."""
-        return [
-            self.boxes[i].popen(
-                self.argv(i, node_opts, script_args, named),
-                cwd=str(REPO),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={**os.environ, **(env[i] if env else {})},
-            )
-            for i, node_opts in enumerate(opts)
-        ]
-
-    def stamp(self, rank: int, name: str) -> float | None:
-        path = self.dir / f"rank{rank}.{name}"
-        return float(path.read_text()) if path.exists() and path.read_text() else None
-
-    def env(self, rank: int) -> dict[str, str]:
-        data: dict[str, str] = json.loads((self.dir / f"rank{rank}.env").read_text())
-        return data
-
-    def wait_stamps(self, ranks: Sequence[int], name: str, timeout: float = 120) -> None:
-        wait_until(
-            lambda: all(self.stamp(r, name) is not None for r in ranks),
-            timeout,
-            f"{name} stamps of ranks {list(ranks)}",
-        )
-
-    def leftovers(self, node: int) -> list[str]:
-        """The job's units that systemd on `node` still knows, and its processes there."""
-        box = self.boxes[node]
-        component = UnitNames.for_job(self.job_id(node)).component
-        units = box.run(
-            ["systemctl", "list-units", "--all", "--plain", "--no-legend", "gpulaunch-*"],
-            capture_output=True,
-            check=True,
-        ).stdout
-        left = [u for u in units.splitlines() if f"gpulaunch-{component}" in u]
-        procs = box.run(
-            ["pgrep", "-af", f"{DDP}|gpulaunch.multinode.peer"], capture_output=True
-        ).stdout
-        return left + [p for p in procs.splitlines() if str(self.dir) in p or "peer" in p]
-
-    def stop_all(self) -> None:
-        for node, box in enumerate(self.boxes):
-            slice_ = UnitNames.for_job(self.job_id(node)).job_slice
-            box.run(["systemctl", "stop", slice_], capture_output=True)
-
-
-@pytest.fixture
-def mjob(nodes: list[Box | HostSystemd], request: pytest.FixtureRequest) -> Iterator[MultiJob]:
-    label = request.node.name.split("[")[0].removeprefix("test_")[:20].replace("_", "")
-    job_id = f"{label}{uuid.uuid4().hex[:6]}"
-    d = SHARED / job_id
-    d.mkdir(parents=True)
-    j = MultiJob(boxes=nodes, id=job_id, dir=d, port=free_port())
-    yield j
-    j.stop_all()
-
-
-def finish(
-    procs: Sequence[subprocess.Popen[str]], boxes: Sequence[Box | HostSystemd], timeout: float = 120
-) -> list[Ended]:
-    ended = []
-    for i, proc in enumerate(procs):
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p, box in zip(procs, boxes, strict=False):
-                if p.poll() is None:  # the watcher in the box, not (only) nsenter
-                    os.kill(box.inner_pid(p), signal.SIGKILL)
-                p.kill()
-            raise
-        ended.append(Ended(i, proc.returncode, out, err))
-    return ended
-
-
-def node_ranks(node: int) -> list[int]:
-    return list(range(node * NPROC, (node + 1) * NPROC))
 
 
 def test_ddp_across_three_nodes(mjob: MultiJob) -> None:

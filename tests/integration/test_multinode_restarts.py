@@ -1,7 +1,8 @@
 """Restarts across nodes (--max-restarts) and elastic membership (--nnodes MIN:MAX).
 
 Three nodes on loopback, each a systemd box of its own, as in test_multinode.py (whose
-fixtures and helpers these tests share): every node restarts through torch's rendezvous.
+fixtures and helpers these tests share, from shared.py): every node restarts through
+torch's rendezvous.
 """
 
 from __future__ import annotations
@@ -22,18 +23,18 @@ from gpulaunch.base.protocol import NODE_LOST_STATUS
 from sdbox import Box, HostSystemd
 from tests.integration.conftest import box_files
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, wait_until
-from tests.integration.test_multinode import (
+from tests.integration.shared import (
     NNODES,
     NPROC,
     Ended,
     MultiJob,
-    finish,
     free_port,
     host,
     mjob,
     node_ranks,
     nodes,
 )
+from tests.integration.shared import finish_nodes as finish
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ only. Reproduced in the box by masking the user's `dbus.socket` and stopping
 it, which leaves the socket file behind (`RemoveOnStop=` is off): a bus path
 that exists and refuses connections, the harder of the two cases. The login
 shell is a session scope of root's, as in test_frontend.py: the front end runs,
-over the private socket, and its death tie is a service (frontend/tie.py).
+over the private socket, and its death tie is a service (units/tie.service).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import pytest
 
 from tests.integration.container import container
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, wait_until
-from tests.integration.test_direct import PGROUP_LINE, gpulaunch
-from tests.integration.test_frontend import Login, assert_user_clean, make_user
+from tests.integration.shared import PGROUP_LINE, Login, assert_user_clean, gpulaunch, make_user
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -18,9 +19,17 @@ import pytest
 from gpulaunch.progress.journal import STRAGGLER_MESSAGE_ID
 from tests.integration.container import container
 from tests.integration.jobs import GPULAUNCH, REPO, SHARED, Job, assert_clean, wait_until
-from tests.integration.test_dbus import Subscriber, finish, gl, prop, start_running
-from tests.integration.test_direct import CGROUP_LINE, PGROUP_LINE, gpulaunch
-from tests.integration.test_frontend import make_user
+from tests.integration.shared import (
+    CGROUP_LINE,
+    PGROUP_LINE,
+    Subscriber,
+    finish,
+    gl,
+    gpulaunch,
+    make_user,
+    prop,
+    start_running,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -264,3 +273,64 @@ def test_an_ordinary_user_s_ranks_report_their_steps(box: Any, job: Job) -> None
     assert status.returncode == 0, status.stderr
     ranks = json.loads(status.stdout)["ranks"]
     assert [r["steps"]["step"] for r in ranks] == [5, 5], status.stdout
+
+
+FLOOD = """
+import errno, json, socket, sys, time
+address = sys.argv[1]
+target = b"\\0" + address[1:].encode() if address.startswith("@") else address
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sent, refused, errors = 0, 0, set()
+deadline = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    try:
+        sock.sendto(b"X_GPULAUNCH_STEP=999999", socket.MSG_DONTWAIT, target)
+        sent += 1
+    except BlockingIOError:
+        refused += 1  # the queue is full: the flood is reaching it
+    except OSError as exc:
+        errors.add(errno.errorcode.get(exc.errno, str(exc.errno)))
+print(json.dumps({"sent": sent, "full": refused, "errors": sorted(errors)}))
+"""
+
+
+def test_another_users_flood_cannot_reach_the_socket_nor_refuse_a_step(job: Job) -> None:
+    """Issue 35: the channel's abstract name was reachable by any user (listed in
+    /proc/net/unix): a flood kept its queue full, and 22-45 % of the ranks' steps were
+    refused. The socket is a file in a 0700 directory of the job's user now: another
+    user's flood (given the address, as /proc/net/unix would tell it) sends nothing, and
+    every step of every rank arrives."""
+    steps = 600
+    proc = job.popen(
+        "--nproc",
+        "2",
+        script=STEPPER,
+        script_args=["--steps", str(steps), "--step-seconds", "0.005"],
+    )
+    try:
+        job.wait_file("rank0.pid")
+        rank0 = (job.dir / "rank0.pid").read_text()
+        environ = job.box.run(
+            ["sh", "-c", f"tr '\\0' '\\n' < /proc/{rank0}/environ"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        address = dict(v.split("=", 1) for v in environ.splitlines() if "=" in v)["NOTIFY_SOCKET"]
+        flood = job.box.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [sys.executable, "-I", "-c", FLOOD, address, "4"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert flood.returncode == 0, flood.stderr
+        got = json.loads(flood.stdout)
+        assert got["sent"] == 0 and got["full"] == 0 and got["errors"] == ["EACCES"], got
+        wait_done(job, range(2))
+        assert [(job.dir / f"rank{r}.refused").read_text() for r in range(2)] == ["0", "0"]
+        assert stepped(job) == {steps}
+    finally:
+        code, err = finish(job, proc)
+    assert code == 143, err
+    assert_clean(job)

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import Job, assert_clean, wait_until
-from tests.integration.test_faults import record, slice_dir
-from tests.integration.test_frontend import make_user
+from tests.integration.shared import make_user, record, slice_dir
 
 pytestmark = pytest.mark.integration
 

@@ -11,29 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, REPO, Job, assert_clean
+from tests.integration.shared import SAME_VALUE
 
 pytestmark = pytest.mark.integration
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
-# Keys whose values must agree for the same single-node launch.
-SAME_VALUE = [
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "OMP_NUM_THREADS",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    "TORCHELASTIC_SIGNALS_TO_HANDLE",
-]
 # Keys both set, with values that differ by nature (ports, run ids, paths, who hosts the store).
 SAME_KEY = [
     "MASTER_ADDR",

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from tests.integration.jobs import GPULAUNCH, Job, new_job, wait_until
-from tests.integration.test_frontend import Login, _running, make_user
+from tests.integration.shared import Login, make_user
+from tests.integration.shared import running_from_login as _running
 
 pytestmark = pytest.mark.integration
 

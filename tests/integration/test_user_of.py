@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.integration.jobs import Job, wait_until
-from tests.integration.test_dbus import box_user, gl, one_line_error
+from tests.integration.jobs import REPO, Job, wait_until
+from tests.integration.shared import box_user, gl, one_line_error
 
-__all__ = ["box_user"]  # a fixture of test_dbus.py, used here too
+__all__ = ["box_user"]  # a fixture (shared.py)
 pytestmark = pytest.mark.integration
 
 
@@ -73,3 +75,61 @@ def test_user_of_is_for_root_and_for_users_that_exist(
     # A user without a running manager: the bus is not there; nothing of theirs, exit 3 or 69.
     gone = gl(job, "stop", "--user-of", "nobody", "nosuchjob")
     one_line_error(gone, 69, "nobody's session bus", "user manager is not running")
+
+
+FORGER = """
+import asyncio, sys
+from dbus_fast import Variant
+from dbus_fast.aio import MessageBus
+from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property
+from gpulaunch.jobapi.view import INTERFACE, bus_name, object_path
+
+class Forged(ServiceInterface):
+    def __init__(self):
+        super().__init__(INTERFACE)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Id(self) -> "s":
+        return sys.argv[1]
+
+async def main():
+    bus = await MessageBus().connect()
+    bus.export(object_path(sys.argv[1]), Forged())
+    await bus.request_name(bus_name(sys.argv[1]))
+    print("ready", flush=True)
+    done = asyncio.get_running_loop().create_future()  # until its stdin closes
+    asyncio.get_running_loop().add_reader(0, lambda: done.done() or done.set_result(None))
+    await done
+
+asyncio.run(main())
+"""
+
+
+def test_a_forged_job_on_a_users_bus_is_one_line_for_root(
+    box_user: tuple[int, list[str]], job: Job
+) -> None:
+    """Issue 35: a program of the user's own that takes a job's name on their session bus
+    and answers with what is not a job crashed root's status/stop/top --user-of with
+    internal error 70 (KeyError: 'Ranks'). Its answer is untrusted input: one line, "not a
+    gpulaunch job", and `list`/`top` simply do not show it."""
+    _, as_user = box_user
+    forger = job.box.popen(
+        [*as_user, sys.executable, "-c", FORGER, job.id],
+        cwd=str(REPO),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert forger.stdout is not None and forger.stdout.readline() == "ready\n", forger
+        for verb in ("status", "stop"):
+            res = gl(job, verb, "--user-of", "gljob", job.id, timeout=60)
+            one_line_error(res, 71, "is not a gpulaunch job", "gljob's session bus")
+        listed = gl(job, "list", "--user-of", "gljob", "--json", timeout=60)
+        assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+        top = gl(job, "top", "--user-of", "gljob", "--once", timeout=60)
+        assert top.returncode == 0 and "Traceback" not in top.stderr, top.stderr
+        assert job.id not in top.stdout, top.stdout
+    finally:
+        forger.communicate(input="", timeout=30)  # its stdin closed: it ends

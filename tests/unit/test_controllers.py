@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gpulaunch.model import Manager
 from gpulaunch.resources.controllers import unenforced
-from tests.unit.test_watcher import make_job
+from tests.unit.fakes import make_job
 
 
 def tree(root: Path, where: str, controllers: str) -> Path:

@@ -1,6 +1,6 @@
 """What a rank's @record error file means for the job (watcher/errorwatch.py, loop._failed).
 
-The real loop with the fake systemd of test_watcher.py and real children; inotify is real.
+The real loop with the fake systemd of fakes.py and real children; inotify is real.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.errorwatch import ErrorFileWatch
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_watcher import FakeSystemd, make_job, no_children_left, sh
+from tests.unit.fakes import FakeSystemd, make_job, no_children_left, sh
 
 # What @record does: the error file first, then a slow teardown, then the exit.
 RECORDED = (

@@ -10,7 +10,7 @@ import pytest
 from gpulaunch.logs.excerpt import EXCERPT_MAX, LINE_KEEP, clip_line, excerpt, text_excerpt
 from gpulaunch.logs.output import MAX_LINE, Output, OutputOptions, Stream
 from gpulaunch.watcher.errorfile import read_error_file
-from tests.unit.test_output import make
+from tests.unit.fakes import make
 
 # Bound of one excerpt: its lines clipped, the notes of what was cut included.
 BOUND = EXCERPT_MAX + 200

@@ -18,7 +18,7 @@ from gpulaunch.base.procs import fork_held, reap
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_watcher import FakeSystemd, make_job, sh
+from tests.unit.fakes import FakeSystemd, make_job, sh
 
 
 def test_releasing_a_child_that_died_at_its_gate_is_not_an_error() -> None:

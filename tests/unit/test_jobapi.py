@@ -24,10 +24,8 @@ from gpulaunch.errors import UnavailableError
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.interface import (
     FINISHED_SIGNATURE,
-    POLICY_FILE,
     RANK_EXITED_SIGNATURE,
     interface_xml,
-    packaging_dir,
 )
 from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.record import Recorder
@@ -42,8 +40,10 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.model import Cause
 from gpulaunch.supervisor.systemd import SystemdSupervisor
+from gpulaunch.system.files import BUS_POLICY
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_watcher import FakeSystemd, make_job, sh
+from tests.unit.fakes import FakeSystemd, decode, make_job, sh
+from tests.unit.fakes import job_view as view
 
 ODD_IDS = [
     "t1",
@@ -85,28 +85,6 @@ def test_long_ids_are_hashed() -> None:
     assert re.fullmatch(r"(_2d)+_h[0-9a-f]{32}", dashes)  # no escape cut in half
 
 
-def view(**kw: object) -> JobView:
-    ranks = (
-        RankView(0, 0, "gpulaunch-j-rank0.scope", 10, "stopped", -1, 15, True, 143, 1.5),
-        RankView(1, 1, "gpulaunch-j-rank1.scope", 11, "exited", 7, 0, False, 7, 1.25),
-    )
-    base: dict[str, object] = dict(
-        job="j",
-        slice="gpulaunch-j.slice",
-        manager="system",
-        owner=0,
-        watcher_pid=9,
-        state=JobState.FAILED,
-        world_size=2,
-        ranks=ranks,
-        status=7,
-        cause="rank-failed",
-        cause_rank=1,
-    )
-    base.update(kw)
-    return JobView(**base)  # type: ignore[arg-type]
-
-
 def test_properties_match_the_shipped_interface() -> None:
     node = Node.parse(interface_xml())
     (iface,) = [i for i in node.interfaces if i.name == INTERFACE]
@@ -127,7 +105,7 @@ def test_properties_round_trip() -> None:
 
 
 def test_policy_lets_root_own_and_anyone_call() -> None:
-    root = ET.parse(packaging_dir() / POLICY_FILE).getroot()
+    root = ET.parse(BUS_POLICY.source).getroot()  # what `gpulaunch setup` installs
     owners = [a.get("own_prefix") for p in root if p.get("user") == "root" for a in p]
     assert owners == ["io.gpulaunch.job"]
     default = next(p for p in root if p.get("context") == "default")
@@ -137,23 +115,6 @@ def test_policy_lets_root_own_and_anyone_call() -> None:
 
 
 # -- the record ------------------------------------------------------------------
-
-
-def decode(data: bytes) -> dict[str, str]:
-    """The journal's native protocol, read back."""
-    out: dict[str, str] = {}
-    while data:
-        line, _, rest = data.partition(b"\n")
-        if b"=" in line:
-            key, _, value = line.partition(b"=")
-            out[key.decode()] = value.decode()
-            data = rest
-        else:
-            (size,) = struct.unpack("<Q", rest[:8])
-            out[line.decode()] = rest[8 : 8 + size].decode()
-            assert rest[8 + size : 9 + size] == b"\n"
-            data = rest[9 + size :]
-    return out
 
 
 def test_record_fields_round_trip() -> None:

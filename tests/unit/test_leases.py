@@ -3,12 +3,17 @@ the kernel's /proc/locks, a lease freed by the kernel when its holder is SIGKILL
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +21,8 @@ import pytest
 
 from gpulaunch.cli import build_parser
 from gpulaunch.errors import UnavailableError, UsageError
-from gpulaunch.leases.holders import holders, lease_rows, lock_pids, read_note, write_note
+from gpulaunch.leases.holders import holders, lease_rows, lock_pids
+from gpulaunch.leases.notes import notes_dir, read_note, write_note
 from gpulaunch.leases.request import GpusBusyError, take, unleased
 from gpulaunch.leases.store import lease_dir, open_store
 from gpulaunch.model import Manager
@@ -295,3 +301,194 @@ def test_nobody_holds_a_free_gpu(machine: Path) -> None:
     lease.close()
     assert holders(gpus, machine) == []
     assert replace(first, gpu_lease=None).resources.gpus == (0,)
+
+
+def test_root_notes_go_where_only_root_writes(machine: Path) -> None:
+    """Issue 35: the notes' directory was a sticky 1777 one on /run, where any user could
+    make files until /run had no inode left. Root's is 0755 now, and one an older version
+    left 1777 is closed again by root's next note."""
+    note = write_note("mine", machine)
+    assert note is not None and note.parent == machine / "run/gpulaunch/holders"
+    assert stat.S_IMODE(note.parent.stat().st_mode) == 0o755
+    note.unlink()
+    stale = note.parent / "999999999"  # a SIGKILLed holder's: removed by the next note
+    stale.write_text("1 gone")
+    note.parent.chmod(0o1777)
+    assert read_note(os.getpid(), 0, machine) is None  # a directory others write: not believed
+    note = write_note("mine", machine)
+    assert note is not None and stat.S_IMODE(note.parent.stat().st_mode) == 0o755
+    assert read_note(os.getpid(), 0, machine) == "mine"
+    assert os.listdir(note.parent) == [note.name]
+    note.unlink()
+    for d in (machine / "run/gpulaunch", *(machine / "run/gpulaunch").rglob("*")):
+        assert not (d.is_dir() and d.stat().st_mode & 0o002), d
+
+
+USER = 54321  # an ordinary user (no passwd entry needed)
+
+
+def as_user_writing_a_note(machine: Path, job: str) -> tuple[int, int]:
+    """A child that becomes USER, writes its note and stays until its pipe closes: (pid, fd)."""
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - in the child
+        code = 1
+        try:
+            os.close(r)
+            os.close(w2)
+            os.setgroups([])
+            os.setgid(USER)
+            os.setuid(USER)
+            made = write_note(job, machine)
+            os.write(w, str(made).encode())
+            os.close(w)
+            os.read(r2, 1)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    os.close(r2)
+    with os.fdopen(r) as f:
+        written = f.read()
+    assert written == str(notes_dir(USER, machine) / str(pid)), written
+    return pid, w2
+
+
+@pytest.fixture
+def reachable(tmp_path: Path) -> Iterator[Path]:
+    """A fake machine's root an ordinary user can reach (pytest's tmp_path is root's 0700)."""
+    top = Path(tempfile.mkdtemp(prefix="gl-leases-", dir="/tmp"))
+    top.chmod(0o711)
+    try:
+        yield write_fake_machine(top / "m", [FakeGpu(BUSES[0], 0, UUIDS[0])])
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_users_note_is_in_their_own_runtime_directory(reachable: Path) -> None:
+    """An ordinary user's note goes into /run/user/<uid> (their own tmpfs, as logind makes
+    it), never into a directory of /run others share; root reads it there, trusting no
+    link and nothing that is not the user's."""
+    machine = reachable
+    runtime = machine / "run/user" / str(USER)
+    runtime.mkdir(parents=True)
+    os.chown(runtime, USER, USER)
+    runtime.chmod(0o700)
+    pid, keep = as_user_writing_a_note(machine, "alices-job")
+    try:
+        assert read_note(pid, USER, machine) == "alices-job"
+        assert read_note(pid, USER + 1, machine) is None  # not that user's
+        assert not (machine / "run/gpulaunch").exists()  # nothing made on /run for a user
+        gl = runtime / "gpulaunch"
+        assert gl.stat().st_uid == USER and stat.S_IMODE((gl / "holders").stat().st_mode) == 0o700
+        # a link the user planted is not followed by root, nor a note that is not theirs
+        (runtime / "elsewhere").mkdir()
+        gl.rename(runtime / "elsewhere/gpulaunch")
+        gl.symlink_to(runtime / "elsewhere/gpulaunch")
+        assert read_note(pid, USER, machine) is None
+        gl.unlink()
+        (runtime / "elsewhere/gpulaunch").rename(gl)
+        assert read_note(pid, USER, machine) == "alices-job"
+        os.chown(gl / "holders" / str(pid), 0, 0)
+        assert read_note(pid, USER, machine) is None
+    finally:
+        os.close(keep)
+        os.waitpid(pid, 0)
+
+
+def test_a_user_without_a_runtime_directory_writes_no_note(reachable: Path) -> None:
+    machine = reachable
+    (machine / "run/user").mkdir(parents=True)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - in the child
+        try:
+            os.setgroups([])
+            os.setgid(USER)
+            os.setuid(USER)
+            os.write(w, str(write_note("x", machine)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        assert f.read() == "None"
+    os.waitpid(pid, 0)
+    assert os.listdir(machine / "run/user") == []
+
+
+HIDER = """
+import fcntl, json, os, signal, sys
+from pathlib import Path
+from gpulaunch.leases.holders import lease_rows
+from gpulaunch.leases.request import GpusBusyError, take
+from gpulaunch.model import Manager
+from gpulaunch.plan.leaserequest import LeaseRequest
+from gpulaunch.plan.spec import StartOptions
+machine = Path(sys.argv[1])
+o = StartOptions(script="t.py", args=(), nproc="gpu", job=None, master_addr=None,
+                 master_port=None, grace_sec=5.0, manager=Manager.SYSTEM, machine_root=machine)
+_, lease = take(o, LeaseRequest(2))  # the store and its lock files
+lease.close()
+r, w = os.pipe()
+taker = os.fork()
+if taker == 0:  # flocks GPU 0, leaves it to a setsid child, exits
+    fd = os.open(machine / "run/gpulaunch/gpus/nvidia0", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    if os.fork() == 0:
+        os.setsid()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        os.close(r)
+        signal.pause()
+    os._exit(0)
+os.close(w)
+os.waitpid(taker, 0)
+keeper = int(os.read(r, 64))
+o1 = StartOptions(script="t.py", args=(), nproc="gpu", job=None, master_addr=None,
+                  master_port=None, grace_sec=5.0, manager=Manager.SYSTEM, machine_root=machine)
+try:
+    _, lease = take(o1, LeaseRequest(2))
+    refusal = None
+except GpusBusyError as exc:
+    refusal = str(exc)
+print(json.dumps({"keeper": keeper, "taker": taker, "refusal": refusal,
+                  "rows": lease_rows(machine)}), flush=True)
+os.kill(keeper, signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("pid_namespace", [False, True])
+def test_a_holder_that_hides_behind_a_setsid_child_is_named(
+    machine: Path, pid_namespace: bool
+) -> None:
+    """Issue 35: a process flocks a GPU's lock file, leaves it to a setsid child and exits.
+    /proc/locks then names a dead pid (or, in a pid namespace such as a container's,
+    nothing at all: the refusal said `held by ;` and `list` left the GPU out). The
+    process that keeps it is named from its open file's fdinfo."""
+    argv = [sys.executable, "-c", HIDER, str(machine)]
+    if pid_namespace:  # the hider and the one asking in a pid namespace of their own
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(res.stdout)
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    keeper = f"GPU 0 ({BUSES[0]}): job ?, user {me}, unit "
+    assert keeper in seen["refusal"] and f"pid {seen['keeper']}" in seen["refusal"], seen
+    assert "held by ;" not in seen["refusal"]
+    assert [row[0] for row in seen["rows"]] == ["/dev/nvidia0"], seen
+    assert seen["rows"][0][2] == me and seen["rows"][0][4] == str(seen["keeper"]), seen
+
+
+def test_the_shipped_tmpfiles_entry_makes_nothing_others_may_write() -> None:
+    """Issue 35: packaging/tmpfiles.d made /run/gpulaunch/holders 1777 at every boot (and
+    `gpulaunch setup` / the .deb install ran it). Every path it makes is root's and closed
+    to others; `d` also closes the one an older version made."""
+    conf = Path(__file__).resolve().parents[2] / "packaging/tmpfiles.d/gpulaunch.conf"
+    entries = [line.split() for line in conf.read_text().splitlines() if line[:1].isalpha()]
+    assert entries and all(e[1].startswith("/run/gpulaunch") for e in entries)
+    for kind, path, mode, user, group, *_ in entries:
+        assert (user, group) == ("root", "root") and not int(mode, 8) & 0o022, (kind, path, mode)
+    assert ["d", "/run/gpulaunch/holders", "0755"] in [e[:3] for e in entries]

@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +147,29 @@ def test_the_series_parse_with_their_labels_and_values(open_metrics: bool) -> No
     assert not any(("rank", "12") in ls and name.endswith("cpu_seconds_total") for name, ls in got)
 
 
+def test_a_ranks_gpu_series_carry_dcgms_gpu_labels() -> None:
+    """`gpu` and `UUID` as dcgm-exporter labels its series: a query can join them."""
+    uuid = "GPU-0a0a0a0a-1111-2222-3333-444444444444"
+    job = progress()
+    ranks = list(job.spec.ranks)
+    ranks[0] = replace(ranks[0], gpu=3, env={"CUDA_VISIBLE_DEVICES": uuid})
+    ranks[1] = replace(ranks[1], gpu=4, env={"CUDA_VISIBLE_DEVICES": "4"})  # index only
+    job = replace(job, spec=replace(job.spec, ranks=tuple(ranks)))
+    got = samples(openmetrics(families(job, USES, "n1", now=100.0)))
+    memory = ("gpulaunch_rank_gpu_memory_bytes", labels(10, gpu="3", UUID=uuid))
+    assert got[memory] == 1 << 30
+    assert got[("gpulaunch_rank_gpu_utilization_ratio", labels(11, gpu="4"))] == 0.35
+    assert got[("gpulaunch_rank_cpu_seconds_total", labels(10))] == 12.5  # no GPU labels
+
+
+def test_docs_metrics_lists_exactly_the_series_served() -> None:
+    """A new series is a row of docs/metrics.md too (docs/architecture.md, "How to add")."""
+    served = {name for name, _ in samples(openmetrics(families(progress(), USES, "n1", 100.0)))}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"^\| `(gpulaunch_\w+)", text, re.MULTILINE))
+    assert served == listed
+
+
 def test_a_job_without_steps_has_no_step_families() -> None:
     job = progress()
     plain = JobProgress(job.spec, job.phase, tuple(r for r in job.ranks if r.steps is None), 0, 100)
@@ -155,8 +182,10 @@ def test_a_job_without_steps_has_no_step_families() -> None:
 @pytest.mark.parametrize(
     ("text", "listen"),
     [
-        ("9400", Listen("", 9400)),
-        (":9400", Listen("", 9400)),
+        ("9400", Listen("127.0.0.1", 9400)),  # loopback unless an address is given
+        (":9400", Listen("127.0.0.1", 9400)),
+        ("0.0.0.0:9400", Listen("0.0.0.0", 9400)),
+        ("[::]:9400", Listen("::", 9400)),
         ("127.0.0.1:0", Listen("127.0.0.1", 0)),
         ("[::1]:80", Listen("::1", 80)),
         ("node7:65535", Listen("node7", 65535)),
@@ -166,10 +195,29 @@ def test_listen_addresses(text: str, listen: Listen) -> None:
     assert parse_listen(text) == listen
 
 
-@pytest.mark.parametrize("text", ["", "x", "1.2.3.4:", ":65536", "::1:80", "a:-1"])
+@pytest.mark.parametrize(
+    "text", ["", "x", "1.2.3.4:", ":65536", "::1:80", "a:-1", "[a]:1", ":\u0663"]
+)
 def test_bad_listen_addresses_are_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_listen(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["\udcff:0", "h" * 300 + ":0", "a..b:0", "-a:0", "a b:0", ("x" * 64) + ".org:1"]
+)
+def test_a_host_the_resolver_would_choke_on_is_refused(text: str) -> None:
+    """Issue 35: `$'\\xff':0` (argv's undecodable byte) and a 300-character host were exit 70
+    from the resolver's codec; now one line from argparse (exit 2)."""
+    with pytest.raises(argparse.ArgumentTypeError, match="not a host name or IP address"):
+        parse_listen(text)
+
+
+def test_port_alone_listens_on_loopback_only() -> None:
+    """Issue 35: `--metrics-listen PORT` bound every address; an address is a choice now."""
+    sock = bind(parse_listen("0"))
+    with sock:
+        assert sock.family == socket.AF_INET and sock.getsockname()[0] == "127.0.0.1"
 
 
 def test_the_options_as_parsed() -> None:
@@ -266,19 +314,75 @@ def test_a_hostile_client_is_dropped_and_others_still_served() -> None:
             (bad,) = await _request(port, b"HELLO\r\n\r\n")
             assert bad.startswith(b"HTTP/1.1 400")
             held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CLIENTS)]
-            await asyncio.sleep(0.1)  # every one of them accepted
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            assert await asyncio.wait_for(reader.read(), 5) == b""  # one too many
-            writer.close()
+            (ok,) = await _request(port, b"GET /metrics HTTP/1.1\r\n\r\n")  # one more: served
+            assert ok.startswith(b"HTTP/1.1 200 OK")
+            # the one that waited longest without asking made room for it
+            assert await asyncio.wait_for(held[0][0].read(), 5) == b""
             for _, w in held:
                 w.close()
-            await asyncio.sleep(0.1)
-            (ok,) = await _request(port, b"GET /metrics HTTP/1.1\r\n\r\n")
-            assert ok.startswith(b"HTTP/1.1 200 OK")
         finally:
             await server.aclose()
 
     asyncio.run(main())
+
+
+def test_scrapes_are_served_while_40_idle_connections_are_open() -> None:
+    """Issue 35: 16 clients at most, each allowed to idle 30 s, so 40 idle connections made 24
+    of 25 scrapes fail. A newcomer now drops the connection that waited longest without
+    asking: every scrape is answered, however many connections idle."""
+
+    def render(om: bool) -> tuple[bytes, str]:
+        return b"a 1\n", "text/plain"
+
+    async def main() -> list[bytes]:
+        server = MetricsServer(bind(parse_listen("0")), render)
+        await server.start()
+        port = server.sock.getsockname()[1]
+        idle = []
+        try:
+            for _ in range(40):
+                idle.append(await asyncio.open_connection("127.0.0.1", port))
+                await asyncio.sleep(0)
+            answers = []
+            for _ in range(25):
+                answers += await asyncio.wait_for(
+                    _request(port, b"GET /metrics HTTP/1.1\r\n\r\n"), 10
+                )
+                idle.append(await asyncio.open_connection("127.0.0.1", port))  # and more idle
+            return answers
+        finally:
+            for _, w in idle:
+                w.close()
+            await server.aclose()
+
+    answers = asyncio.run(main())
+    assert len(answers) == 25 and all(a.startswith(b"HTTP/1.1 200 OK") for a in answers)
+
+
+def test_a_connection_that_never_asks_is_dropped_after_the_head_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new connection must send its request within HEAD_TIMEOUT (5 s; shortened here)."""
+    from gpulaunch.metrics import server as module
+
+    monkeypatch.setattr(module, "HEAD_TIMEOUT", 0.2)
+
+    async def main() -> bytes:
+        server = MetricsServer(bind(Listen("127.0.0.1", 0)), lambda om: (b"a 1\n", "t"))
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", server.sock.getsockname()[1]
+            )
+            writer.write(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            try:
+                return await asyncio.wait_for(reader.read(), 10)
+            finally:
+                writer.close()
+        finally:
+            await server.aclose()
+
+    assert asyncio.run(main()) == b""  # closed without an answer, well before 10 s
 
 
 def test_a_port_in_use_is_one_line() -> None:
@@ -290,7 +394,7 @@ def test_a_port_in_use_is_one_line() -> None:
 
 
 def test_every_address_includes_loopback() -> None:
-    sock = bind(Listen("", 0))
+    sock = bind(Listen("::", 0))
     with sock, socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=5):
         assert bound_address(sock).endswith(f":{sock.getsockname()[1]}")
 
@@ -457,3 +561,22 @@ def test_usage_comes_from_the_rank_s_cgroup(tree: tuple[Path, Path]) -> None:
     assert uses[0] == RankUse(cpu_seconds=2.5, memory=7340032, rss=(11 + 12) * page, processes=2)
     assert uses[1] == RankUse()  # the watcher's cgroup: not this rank's alone
     assert 2 not in uses
+
+
+@pytest.mark.parametrize("value", [b"\xff:0", b"h" * 300 + b":0"])
+def test_a_bad_metrics_host_on_the_command_line_is_one_line_and_exit_2(
+    value: bytes, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "gpulaunch", "start", "--metrics-listen", value, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 2, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert "--metrics-listen" in line and "not a host name or IP address" in line, res.stderr
+    assert "Traceback" not in res.stderr and os.listdir(tmp_path) == ["train.py"]

@@ -12,10 +12,9 @@ import pytest
 from dbus_fast import Variant
 from dbus_fast.introspection import Node
 
-from gpulaunch.base.protocol import Layout, NodeFailure, NodeInfo
+from gpulaunch.base.protocol import Layout, NodeFailure
 from gpulaunch.jobapi import record
 from gpulaunch.jobapi.interface import interface_xml
-from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.record import Recorder
 from gpulaunch.jobapi.view import INTERFACE, NODE_SIGNATURE, JobState, JobView
 from gpulaunch.model import (
@@ -30,9 +29,8 @@ from gpulaunch.model import (
 from gpulaunch.report import format_report, headline, nodes_line
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_jobapi import decode
-from tests.unit.test_jobapi import view as single_node_view
-from tests.unit.test_watcher import FakeSystemd, make_job, sh
+from tests.unit.fakes import LAYOUT, NODES, FakeSystemd, decode, entry, make_job, sh
+from tests.unit.fakes import multinode_view as view
 
 
 def ok(t: float) -> RankExit:
@@ -92,22 +90,6 @@ def test_interrupt_between_a_local_failure_and_the_news() -> None:
 
 # -- the terminal report -----------------------------------------------------------
 
-NODES = (
-    NodeInfo(node=0, host="hostA", first_rank=0, nproc=2, pid=100),
-    NodeInfo(node=1, host="hostB", first_rank=2, nproc=2, pid=200),
-    NodeInfo(node=2, host="hostC", first_rank=4, nproc=1, pid=300),
-)
-LAYOUT = Layout(
-    node_rank=0,
-    nnodes=3,
-    world_size=5,
-    master_addr="hostA",
-    master_port=29500,
-    use_agent_store=True,
-    run_id="j",
-    endpoint="hostA:29500",
-    nodes=NODES,
-)
 REMOTE = NodeFailure(
     node=1,
     host="hostB",
@@ -256,27 +238,6 @@ def test_no_nodes_line_for_one_node() -> None:
 # -- the job on the bus and in the journal ---------------------------------------------
 
 
-def view(**kw: object) -> JobView:
-    """Node 0 of three, stopped because rank 3 on node 1 failed (test_jobapi's view, grown)."""
-    ranks = (
-        RankView(0, 0, "gpulaunch-j-rank0.scope", 10, "stopped", -1, 15, True, 143, 2.0),
-        RankView(1, 1, "gpulaunch-j-rank1.scope", 11, "stopped", -1, 15, True, 143, 2.0),
-    )
-    multinode: dict[str, object] = dict(
-        world_size=5,
-        ranks=ranks,
-        status=1,
-        cause="node-failed",
-        cause_rank=-1,
-        node_rank=0,
-        nodes=NODES,
-        cause_node=1,
-        cause_host="hostB",
-        cause_what="rank 3 exit 1",
-    )
-    return single_node_view(**{**multinode, **kw})
-
-
 SINGLE = dict(node_rank=-1, nodes=(), cause_node=-1, cause_host="", cause_what="")
 
 
@@ -396,13 +357,6 @@ def test_view_report_of_a_single_node_job() -> None:
     rep = view(**SINGLE, world_size=2, status=143, cause="interrupted").report()  # type: ignore[arg-type]
     assert rep.layout is None and rep.node_failure is None
     assert "node" not in format_report(rep)
-
-
-def entry(v: JobView) -> dict[str, str]:
-    """The record as journalctl gives it back, with the fields journald adds."""
-    e = decode(record.encode(record.fields(v, "the message")))
-    e.update({"_UID": str(v.owner), "__REALTIME_TIMESTAMP": "1700000000000000"})
-    return e
 
 
 @pytest.mark.parametrize(

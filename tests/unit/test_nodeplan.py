@@ -32,8 +32,7 @@ from gpulaunch.plan.nodes import (
 )
 from gpulaunch.plan.placement import Machine
 from gpulaunch.plan.spec import StartOptions, draft_job, make_spec, number_ranks
-from tests.unit.test_placement import Untouchable
-from tests.unit.test_placement import options as placement_options
+from tests.unit.fakes import Untouchable, placement_options
 
 # What `srun --nodes=2 --ntasks-per-node=1` exports on the second node of a
 # two-node allocation (job 4242, step 0).

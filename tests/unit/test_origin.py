@@ -7,7 +7,7 @@ from gpulaunch.logs.output import Stream
 from gpulaunch.model import RankExit, RankSpec, RankState, job_outcome
 from gpulaunch.watcher.origin import blame_teardown, peer_gone
 from gpulaunch.watcher.ranks import Rank
-from tests.unit.test_output import make
+from tests.unit.fakes import make
 
 GLOO = (
     "[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "

@@ -15,28 +15,7 @@ import pytest
 from gpulaunch.logs.output import Output, OutputOptions, Stream, parse_ranks
 from gpulaunch.logs.terminal import Terminal
 from gpulaunch.logs.width import rank_columns
-
-
-class Screen:
-    """A file standing in for a terminal; `read()` returns what was written since the last read."""
-
-    def __init__(self, tty: bool = False) -> None:
-        self.fd = os.memfd_create("screen")
-        self.term = Terminal(self.fd)
-        self.term.is_tty = tty
-        self._seen = 0
-
-    def read(self) -> bytes:
-        data = os.pread(self.fd, 1 << 30, self._seen)
-        self._seen += len(data)
-        return data
-
-
-def make(
-    options: OutputOptions | None = None, world: int = 4, tty: bool = False
-) -> tuple[Output, Screen, Screen]:
-    out, err = Screen(tty), Screen(tty)
-    return Output(options or OutputOptions(), world, out.term, err.term), out, err
+from tests.unit.fakes import make
 
 
 def test_lines_are_prefixed_and_never_mixed() -> None:

@@ -1,6 +1,6 @@
 """A job's parts (gpulaunch/parts.py): the watcher calls them at the documented points, in
-order; the GPU part's check before each restart (it was supervisor/restartcheck.py's seam)
-ends the job as a failed start does. End to end: tests/unit/test_gpu_health.py's restart."""
+order; the GPU part's check before each restart (once a mixin of every supervisor) ends
+the job as a failed start does. End to end: tests/unit/test_gpu_health.py's restart."""
 
 from __future__ import annotations
 
@@ -18,7 +18,13 @@ from gpulaunch.model import JobProgress, JobReport, RankProgress, RankSpec
 from gpulaunch.parts import Controls, Part, Parts, RankSetup
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_watcher import FakeSystemd, make_job, no_children_left, sh
+from tests.unit.fakes import _BEFORE, FakeSystemd, children, make_job, no_children_left, sh
+
+
+@pytest.fixture(autouse=True)
+def _children_before() -> None:
+    _BEFORE.clear()
+    _BEFORE.update(children())
 
 
 class Gate:

@@ -9,7 +9,6 @@ import pytest
 
 from gpulaunch.cli import build_parser, start_options
 from gpulaunch.errors import UsageError
-from gpulaunch.model import Manager
 from gpulaunch.plan.gpus import Gpu, StaticInventory
 from gpulaunch.plan.placement import (
     SHARED_NVIDIA_DEVICES,
@@ -21,6 +20,8 @@ from gpulaunch.plan.placement import (
 from gpulaunch.plan.spec import StartOptions, make_spec
 from gpulaunch.plan.topology import CpuBind, CpuTopology, parse_cpu_list
 from tests.fake_machine import four_gpu_machine
+from tests.unit.fakes import Untouchable
+from tests.unit.fakes import placement_options as options
 
 UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}" for i in range(4)]
 TOPOLOGY = CpuTopology(
@@ -48,16 +49,6 @@ def gpus(uuids: bool = True) -> tuple[Gpu, ...]:
 def machine(found: tuple[Gpu, ...] = gpus()) -> Machine:
     """A stand-in machine: fixed GPUs and CPUs."""
     return Machine(StaticInventory(found), lambda: TOPOLOGY)
-
-
-class Untouchable:
-    """An inventory or topology that must not be read."""
-
-    def gpus(self) -> tuple[Gpu, ...]:
-        raise AssertionError("the GPU inventory was read")
-
-    def __call__(self) -> CpuTopology:
-        raise AssertionError("the CPU topology was read")
 
 
 def test_nothing_asked_reads_nothing() -> None:
@@ -209,20 +200,6 @@ def test_memory_max_refused(text: str, problem: str) -> None:
 
 
 # --- through the plan and the command line
-
-
-def options(script: Path, **kw: object) -> StartOptions:
-    base: dict[str, object] = dict(
-        script=script.name,
-        args=(),
-        nproc=2,
-        job="demo",
-        master_addr="127.0.0.1",
-        master_port=29500,
-        grace_sec=10.0,
-        manager=Manager.SYSTEM,
-    )
-    return StartOptions(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def test_spec_carries_the_placement(script: Path) -> None:

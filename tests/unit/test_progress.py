@@ -4,11 +4,15 @@ the channel on a real socket with the kernel's credentials (no fakes but the ran
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +33,7 @@ from gpulaunch.progress.stragglers import Stragglers
 from gpulaunch.progress.tracker import Sample, StepTracker
 from gpulaunch.watcher.hangwatch import last_step
 from gpulaunch.watcher.ranks import Rank
-from tests.unit.test_watcher import make_job
+from tests.unit.fakes import make_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -228,31 +232,80 @@ def test_straggler_options_reach_the_spec() -> None:
     assert StartOptions.__dataclass_fields__["stragglers"].default == StragglerRule(1.5, 10)
 
 
-def test_another_user_s_datagrams_are_dropped_unread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An abstract name is visible to every process of the network namespace: a datagram
-    of another uid is dropped before /proc is read for it, even from a rank's own pid."""
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A runtime base every user may search (pytest's tmp_path is root's 0700): what keeps
+    another user out is then the socket's own directory, nothing above it."""
+    top = Path(tempfile.mkdtemp(prefix="gl-progress-", dir="/tmp"))
+    top.chmod(0o711)
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top)
+
+
+FLOOD = 20000
+
+
+def test_another_user_cannot_reach_the_socket_and_refuses_no_step(
+    monkeypatch: pytest.MonkeyPatch, reachable: Path
+) -> None:
+    """Issue 35: the abstract name was reachable by every user (/proc/net/unix lists it): a
+    flood kept the queue full, cost the watcher a CPU and refused up to 45 % of the ranks'
+    steps. The socket is a file in a 0700 directory of the job's user now: another user's
+    flood cannot even reach it, and not one of a rank's steps is refused meanwhile."""
     if os.geteuid() != 0:
         pytest.skip("sending as another user needs root (CI runs the tests as root)")
     spec, _ = make_job([["true"]])
-    ranks: list[FakeRank] = []
-    channel = ProgressChannel(spec, lambda: ranks, journal=False)
-    monkeypatch.setenv("NOTIFY_SOCKET", channel.environment()["NOTIFY_SOCKET"])
+    ranks = [rank_of(0, os.getpid())]  # this process is the rank
+    channel = ProgressChannel(spec, lambda: ranks, journal=False, base=reachable)
+    address = channel.environment()["NOTIFY_SOCKET"]
+    assert address.startswith(str(reachable / "gpulaunch") + "/"), address
+    private = Path(address).parent
+    assert private.stat().st_uid == 0 and private.stat().st_mode & 0o777 == 0o700
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
     r, w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child: as nobody, send once told to
-        os.setuid(65534)
-        os.read(r, 1)
-        os._exit(0 if progress.step(1) else 1)
-    ranks.append(rank_of(0, pid))  # the sender is the rank's main process, by pid
+    if pid == 0:  # pragma: no cover - the child: as nobody, floods the socket
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.close(go_w)
+            os.read(go_r, 1)
+            sent = sum(progress.step(n) for n in range(FLOOD))  # sd_notify's way, and raw:
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                raw.connect(address)
+                sent += 1
+            except OSError as exc:
+                os.write(w, f"{exc.errno} ".encode())
+            os.write(w, str(sent).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    os.close(go_r)
     try:
-        os.write(w, b"x")
-        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0  # it was sent
+        os.close(go_w)  # the flood begins; the rank reports its steps meanwhile
+        refused = 0
+        for n in range(1, 501):
+            refused += not progress.step(n, total=500)
+            if n % 5 == 0:  # the queue holds 10 (net.unix.max_dgram_qlen's default)
+                channel._on_readable()
         channel._on_readable()
-        assert ranks[0].steps is None and channel.strangers == 1
+        with os.fdopen(r) as f:
+            told = f.read()
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert told == f"{errno.EACCES} 0", told  # not one datagram reached it
+        assert refused == 0 and channel.strangers == 0
+        assert ranks[0].steps is not None and ranks[0].steps.step == 500
     finally:
-        os.close(r)
-        os.close(w)
         channel.close()
+    assert not private.exists()  # removed with the channel
 
 
 @pytest.mark.parametrize("example", ["progress_loop.py", "progress_accelerate.py"])

@@ -24,7 +24,7 @@ from gpulaunch.model import (
     RankExit,
 )
 from gpulaunch.recovery.classes import FailureClass, parse_classes
-from gpulaunch.recovery.failure import Failure, classify
+from gpulaunch.recovery.failure import Failure, classify, status_class
 from gpulaunch.recovery.options import add_recovery_options, parse_signal, recovery_options
 from gpulaunch.recovery.policy import Verdict, crash_loop_length, decide
 from gpulaunch.recovery.preempt import (
@@ -75,6 +75,32 @@ def test_classify(outcome: Outcome, exit: RankExit, kind: FailureClass | None) -
     assert (failure.kind if failure else None) == kind
     if failure is not None:
         assert failure.status == outcome.status
+
+
+def test_another_nodes_rank_is_classified_by_its_status() -> None:
+    """Through the store only the status comes: 128+N a signal, else an exit code."""
+    assert status_class(1) is FailureClass.EXIT and status_class(128) is FailureClass.EXIT
+    assert status_class(128 + signal.SIGKILL) is FailureClass.SIGNAL
+
+
+def test_the_policy_by_class_is_the_same_on_every_node() -> None:
+    policy = RestartPolicy()
+    assert policy.allows(FailureClass.EXIT, 1)
+    assert not policy.allows(FailureClass.EXIT, 78)  # --no-restart-exit-code
+    assert policy.allows(FailureClass.SIGNAL, 78)  # 78 is no exit code then
+    assert not policy.allows(FailureClass.OOM, 137)  # not in --restart-on
+
+
+def test_failure_classes_are_named_only_in_recovery() -> None:
+    """A new failure class touches recovery/ (and docs) only: no other module of the
+    launcher names a class (multinode/rounds.py once classified a rank's status itself)."""
+    package = Path(__file__).resolve().parents[2] / "gpulaunch"
+    outside = [
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if (package / "recovery") not in p.parents and "FailureClass." in p.read_text()
+    ]
+    assert outside == []
 
 
 def test_made_progress_is_running_long_enough() -> None:

@@ -25,7 +25,8 @@ from gpulaunch.jobapi.view import JobState, JobView
 from gpulaunch.model import Cause, JobReport
 from gpulaunch.multinode.rounds import Next, after_failure
 from gpulaunch.report import format_report
-from tests.unit.test_multinode_report import LAYOUT, entry, view
+from tests.unit.fakes import LAYOUT, entry
+from tests.unit.fakes import multinode_view as view
 
 STATIC = NodeConfig(Backend.STATIC, "hostA:29500", "j", 3, 2, "j", node_rank=0)
 C10D = dataclasses.replace(STATIC, backend=Backend.C10D, node_rank=None)

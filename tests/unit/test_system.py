@@ -85,6 +85,23 @@ def test_setup_on_the_machine_needs_root() -> None:
     )
 
 
+def test_setup_with_an_empty_root_is_one_line_and_installs_nothing(tmp_path: Path) -> None:
+    """Issue 35: `setup --root ''` installed into the current directory (Path("") is ".")
+    and exited 0 without a word."""
+    res = subprocess.run(
+        [sys.executable, "-m", "gpulaunch", "setup", "--root", ""],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("gpulaunch: error: argument --root: an empty path"), res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert "Traceback" not in res.stderr and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [

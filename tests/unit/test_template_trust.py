@@ -15,7 +15,7 @@ import pytest
 from gpulaunch import cli
 from gpulaunch.errors import TemplateError, UnitFileError
 from gpulaunch.units.templates import Templates
-from tests.unit.test_units import (
+from tests.unit.fakes import (
     COMMON,
     ORDINARY,
     REPO_UNITS,

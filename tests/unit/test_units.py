@@ -26,42 +26,18 @@ from gpulaunch.units.templates import (
     systemd_text,
     timespan,
 )
+from tests.unit.fakes import (
+    COMMON,
+    ORDINARY,
+    REPO_UNITS,
+    by_name,
+    marker_template,
+    rank_context,
+    write,
+)
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("GPULAUNCH_UPDATE_SNAPSHOTS") == "1"
-REPO_UNITS = Path(__file__).parents[2] / "units"
-# An ordinary invoking user whose files these are (as root: files are root's, trusted anyway).
-ORDINARY = os.geteuid() or 65534
-
-JOB = "demo"
-COMMON: dict[str, object] = {
-    "job": JOB,
-    "job_slice": "gpulaunch-demo.slice",
-    "ranks_slice": "gpulaunch-demo-ranks.slice",
-    "watcher_scope": "gpulaunch-demo-watcher.scope",
-    "world_size": 4,
-    "nproc": 4,
-    "grace_sec": 30,
-    "argv": ["/usr/bin/python3", "train.py", "--epochs", "3"],
-    "memory_max": "48G",
-    "job_memory_max": "200G",
-    "description": "train.py --epochs 3",
-}
-
-
-def rank_context(rank: int) -> dict[str, object]:
-    return {
-        **COMMON,
-        "rank": rank,
-        "local_rank": rank,
-        "gpu": rank,
-        "cpus": f"{rank * 8}-{rank * 8 + 7}",
-        "device_allow": [
-            ("/dev/char/195:255", "rw"),  # nvidiactl
-            ("char-nvidia-uvm", "rw"),
-            (f"/dev/char/195:{rank}", "rw"),  # this rank's GPU
-        ],
-    }
 
 
 def empty_templates(tmp_path: Path) -> Templates:
@@ -80,12 +56,6 @@ def render_job(templates: Templates) -> list[UnitDefinition]:
         for r in range(4)
     ]
     return units
-
-
-def by_name(properties: tuple[Property, ...]) -> dict[str, object]:
-    names = [p.name for p in properties]
-    assert len(names) == len(set(names)), names
-    return {p.name: p.value for p in properties}
 
 
 def properties_text(properties: tuple[Property, ...]) -> str:
@@ -223,16 +193,6 @@ def test_a_bad_setting_of_an_ambiguous_line_keeps_the_rendered_line(tmp_path: Pa
         templates.render("job.slice", "x.slice", COMMON)
     assert info.value.line == 2  # no template line starts with MemoryMax=
     assert info.value.hint == "line 2 of the text rendered for x.slice"
-
-
-def write(directory: Path, name: str, text: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / name).write_text(text)
-    return directory / name
-
-
-def marker_template(marker: str) -> str:
-    return f"[Unit]\nDescription={marker}\n[Slice]\n"
 
 
 # The least a scope template must set (gpulaunch/units/guarantees.py).

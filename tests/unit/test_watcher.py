@@ -17,183 +17,32 @@ from pathlib import Path
 
 import pytest
 
-from gpulaunch.base.names import UnitNames
 from gpulaunch.errors import (
     JobExistsError,
     StoppedWhileStartingError,
     SystemdError,
     UnavailableError,
 )
-from gpulaunch.model import Cause, JobProgress, JobReport, JobSpec, Manager, RankSpec
+from gpulaunch.model import Cause, JobProgress, JobReport, Manager
 from gpulaunch.parts import Part
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.supervisor.systemd_api import (
     ConnectionLost,
     JobDone,
-    JobEvent,
     JobQueued,
     UnitState,
 )
 from gpulaunch.units.codec import Property
-from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
 from gpulaunch.watcher.settle import LEFTOVER_S, Settle
-
-
-class FakeSystemd:
-    """Units are names with pids; every job is done as soon as it is queued."""
-
-    def __init__(self, fail_start: str | None = None, start_result: str = "done") -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        self.queue: list[JobEvent] = []
-        self.units: dict[str, list[int]] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.killed: list[str] = []
-        self.fail_start = fail_start
-        self.start_result = start_result
-        self._n = 0
-
-    def _job(self, unit: str, result: str = "done") -> str:
-        """A job queued and done, announced as systemd does: JobNew, then JobRemoved."""
-        self._n += 1
-        path = f"/org/freedesktop/systemd1/job/{self._n}"
-        self.queue += [JobQueued(path, unit), JobDone(path, unit, result)]
-        os.write(self._w, b"x")
-        return path
-
-    def fileno(self) -> int:
-        return self._r
-
-    def start_transient(
-        self,
-        name: str,
-        properties: Sequence[Property],
-        pids: Sequence[int] = (),
-        aux: Sequence[tuple[str, Sequence[Property]]] = (),
-    ) -> str:
-        self.calls.append(("start", name))
-        self.calls.extend(("aux", unit) for unit, _ in aux)
-        if name == self.fail_start:
-            raise SystemdError(f"systemd could not create {name}: test")
-        if any(unit in self.units for unit in (name, *(u for u, _ in aux))):
-            raise JobExistsError(f"unit {name} already exists")
-        self.units.update((unit, []) for unit, _ in aux)
-        for unit, _ in aux:  # their start jobs: paths the caller never sees
-            self._job(unit)
-        self.units[name] = list(pids)
-        return self._job(
-            name, self.start_result if name.endswith(".scope") and "-rank" in name else "done"
-        )
-
-    def stop_unit(self, name: str) -> str | None:
-        self.calls.append(("stop", name))
-        if name not in self.units:
-            return None
-        for unit, pids in list(self.units.items()):
-            if unit == name if name.endswith(".scope") else "-rank" in unit:
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-                del self.units[unit]  # a stopped transient unit is gone
-        self.units.pop(name, None)
-        return self._job(name)
-
-    def kill_unit(self, name: str, signum: int) -> None:
-        self.calls.append(("kill", name))
-        self.killed.append(name)
-        for pid in self.units.get(name, []):
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def reconnect(self) -> None:
-        raise AssertionError("the fake never loses its connection")
-
-    def unit_state(self, name: str) -> UnitState:
-        return UnitState("active" if name in self.units else "inactive", False)
-
-    def ping(self) -> None:
-        pass
-
-    def events(self) -> list[JobEvent]:
-        try:
-            os.read(self._r, 4096)
-        except BlockingIOError:
-            pass
-        done, self.queue = self.queue, []
-        return done
-
-
-def make_job(
-    commands: Sequence[Sequence[str]], job: str = "t", max_restarts: int = 0
-) -> tuple[JobSpec, JobUnits]:
-    names = UnitNames.for_job(job)
-    ranks = tuple(
-        RankSpec(
-            rank=i, local_rank=i, unit=names.rank_scope(i), argv=tuple(argv), env=dict(os.environ)
-        )
-        for i, argv in enumerate(commands)
-    )
-    spec = JobSpec(
-        job=job,
-        names=names,
-        manager=Manager.SYSTEM,
-        argv=tuple(commands[0]),
-        cwd=os.getcwd(),
-        nproc=len(ranks),
-        world_size=len(ranks),
-        master_addr="127.0.0.1",
-        master_port=1,
-        grace_sec=1.0,
-        ranks=ranks,
-        max_restarts=max_restarts,
-    )
-
-    def unit(name: str) -> UnitDefinition:
-        return UnitDefinition(name=name, template=Path("x"), text="", properties=())
-
-    units = JobUnits(
-        job=job,
-        job_slice=unit(names.job_slice),
-        ranks_slice=unit(names.ranks_slice),
-        watcher=unit(names.watcher_scope),
-        ranks=tuple(unit(r.unit) for r in ranks),
-        anchor=lambda pid: unit(names.anchor_service),
-        launch=lambda setup: unit(names.launch_service),
-        tie=lambda pid: unit(names.tie_service),
-    )
-    return spec, units
-
-
-def sh(script: str) -> list[str]:
-    return ["/bin/sh", "-c", script]
-
-
-def children() -> set[int]:
-    """This process's children, reaped or not (a session's box may be one of them)."""
-    pids: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        pids.update(int(p) for p in (task / "children").read_text().split())
-    return pids
-
-
-_BEFORE: set[int] = set()
+from tests.unit.fakes import _BEFORE, FakeSystemd, children, make_job, no_children_left, sh
 
 
 @pytest.fixture(autouse=True)
 def _children_before() -> None:
     _BEFORE.clear()
     _BEFORE.update(children())
-
-
-def no_children_left() -> bool:
-    """Every child the watcher forked in this test is gone and reaped."""
-    return children() <= _BEFORE
 
 
 def test_all_succeed(wakeup: tuple[int, socket.socket], tmp_path: Path) -> None:

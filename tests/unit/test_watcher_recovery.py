@@ -1,4 +1,4 @@
-"""The watcher acting on recovery/'s decisions, with test_watcher.py's fake systemd and real
+"""The watcher acting on recovery/'s decisions, with fakes.py's fake systemd and real
 children: a crash loop ends after K attempts, exit 78 at once, an OOM-like class not
 restarted, a preemption gives the ranks --preempt-grace, not --grace."""
 
@@ -17,7 +17,7 @@ from gpulaunch.recovery.settings import RecoveryOptions, RestartPolicy
 from gpulaunch.report import format_report
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.watcher.loop import Watcher
-from tests.unit.test_watcher import FakeSystemd, make_job, no_children_left, sh
+from tests.unit.fakes import FakeSystemd, make_job, no_children_left, sh
 
 
 def run(

@@ -15,8 +15,7 @@ import shlex
 import pytest
 
 from sdbox.vm import Machine
-from tests.vm.test_direct import wait_for
-from tests.vm.vmjobs import RANK, new_job
+from tests.vm.vmjobs import RANK, new_job, wait_for
 
 PODMAN = ["podman", "run", "--rm", "--network", "host", "--cgroupns=private",
           "-v", "/src:/src", "-v", "/var/tmp/vmt:/var/tmp/vmt", "-w", "/var/tmp"]  # fmt: skip

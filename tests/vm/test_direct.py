@@ -9,19 +9,9 @@ import json
 import shlex
 
 from sdbox.vm import Machine
-from tests.vm.vmjobs import RANK, new_job
+from tests.vm.vmjobs import RANK, new_job, wait_for
 
 KILLED = "killed by the OOM killer at"
-
-
-def wait_for(vm: Machine, condition: str, what: str, seconds: int = 300) -> None:
-    """Wait in the VM (one SSH command) until the shell condition holds."""
-    res = vm.run(
-        f"for i in $(seq {seconds * 5}); do if {condition}; then exit 0; fi; sleep 0.2; done;"
-        " exit 1",
-        timeout=seconds + 60,
-    )
-    assert res.returncode == 0, f"timed out waiting for {what}"
 
 
 def test_direct_supervisor_in_a_delegated_service(vm: Machine) -> None:

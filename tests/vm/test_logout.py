@@ -14,8 +14,7 @@ import shlex
 import pytest
 
 from sdbox.vm import Machine
-from tests.vm.test_direct import wait_for
-from tests.vm.vmjobs import RANK, new_job
+from tests.vm.vmjobs import RANK, new_job, wait_for
 
 
 @pytest.mark.parametrize("how", ["terminate-session", "terminate-user"])

@@ -69,3 +69,13 @@ def new_job(vm: Machine, user: str, label: str) -> VmJob:
     vm.run("mkdir -p -m 1777 /var/tmp/vmt", check=True)
     vm.run(f"mkdir {job.dir}", user=user, check=True)
     return job
+
+
+def wait_for(vm: Machine, condition: str, what: str, seconds: int = 300) -> None:
+    """Wait in the VM (one SSH command) until the shell condition holds."""
+    res = vm.run(
+        f"for i in $(seq {seconds * 5}); do if {condition}; then exit 0; fi; sleep 0.2; done;"
+        " exit 1",
+        timeout=seconds + 60,
+    )
+    assert res.returncode == 0, f"timed out waiting for {what}"

@@ -1,7 +1,8 @@
 """A rank that reports steps through gpulaunch.progress (no torch: fast to start).
 
-Writes `<dir>/rank<N>.pid`; after its steps `rank<N>.done` (the wall time of its last
-step), then it stays (sleeping, or printing without stepping with --print-rank).
+Writes `<dir>/rank<N>.pid`; after its steps `rank<N>.refused` (how many of its steps
+the channel refused) and `rank<N>.done` (the wall time of its last step), then it stays
+(sleeping, or printing without stepping with --print-rank).
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ def main() -> None:
     status(f"rank {rank} warming up")
     extra = args.slow_extra if rank == args.slow_rank else 0.0
     steps = args.steps - 1 if rank == args.print_rank else args.steps  # it falls behind
+    refused = 0  # steps the channel had no room for
     for n in range(1, steps + 1):
         slow = extra if not args.slow_steps or n <= args.slow_steps else 0.0
         time.sleep(args.step_seconds + slow)
-        step(n, total=args.steps)
+        refused += not step(n, total=args.steps)
+    with open(os.path.join(args.dir, f"rank{rank}.refused"), "w") as f:
+        f.write(str(refused))
     with open(os.path.join(args.dir, f"rank{rank}.done"), "w") as f:
         f.write(repr(time.time()))
     if args.in_child:  # a process's datagram is known by its ancestry only while it lives
