@@ -28,6 +28,8 @@ Exit codes:
           Slurm's `--requeue` with `RequeueExit=79`; docs/recovery.md)
   80      `start --max-restarts`: a crash loop (--crash-loop attempts in a row failed the
           same way, none of them running --progress-after)
+  85      `start` in a Slurm job: its time limit (`--time`) ended it; not a failure (Slurm's
+          scancel gives 143 and a requeue 79, also with --preempt-grace; schedulers/slurm.py)
   124     `start --hang-timeout`: the job hung (no rank printed or used CPU for that long)
   143     `start`: the job was stopped from outside (`systemctl stop`) while its units were made
 """

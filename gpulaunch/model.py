@@ -310,11 +310,13 @@ class Cause(enum.StrEnum):
     HUNG = "hung"  # --hang-timeout: no output and no CPU for that long (status HUNG_STATUS)
     PREEMPTED = "preempted"  # --preempt-grace: the machine goes away (PREEMPTED_STATUS)
     CRASH_LOOP = "crash-loop"  # --crash-loop: attempts failed alike, none progressed
+    TIME_LIMIT = "time-limit"  # Slurm's --time ran out (gpulaunch/schedulers/slurm.py)
 
 
 HUNG_STATUS = 124  # like timeout(1)
 PREEMPTED_STATUS = 79  # gpulaunch/recovery/preempt.py: for a scheduler to requeue the job
 CRASH_LOOP_STATUS = 80  # gpulaunch/recovery/policy.py
+TIME_LIMIT_STATUS = 85  # gpulaunch/schedulers/slurm.py: the job's time was up, not a failure
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,11 @@ def headline(report: JobReport) -> str:
             f"gpulaunch: job {report.job} hung: no output and no CPU use for --hang-timeout "
             f"(status {report.status})" + (f": {report.hang}" if report.hang else "")
         )
+    if report.cause is Cause.TIME_LIMIT:
+        return (
+            f"gpulaunch: job {report.job} ran out of time: {report.interrupted_by} "
+            f"(status {report.status}; not a failure)"
+        )
     if report.cause is Cause.PREEMPTED:
         return f"gpulaunch: job {report.job} preempted (status {report.status}: requeue it)"
     if report.cause is Cause.START_FAILED:

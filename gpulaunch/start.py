@@ -2,8 +2,9 @@
 
 The one owner of a job's start: plan it (gpulaunch/plan/), render its units
 (gpulaunch/units/), join the other nodes (gpulaunch/multinode/), choose its
-supervisor (gpulaunch/supervisor/), run the watcher (gpulaunch/watcher/) with
-its observers (gpulaunch/jobapi/), then print the report. cli.py parses the
+supervisor (gpulaunch/supervisor/), build the job's parts (gpulaunch/parts.py: its
+records and bus API, metrics, GPUs, start line), run the watcher (gpulaunch/watcher/)
+with them, then print the report. cli.py parses the
 command line; errors raised here become messages there.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,12 +26,12 @@ from gpulaunch.debug.options import HangOptions
 from gpulaunch.errors import NoSystemdError
 from gpulaunch.frontend.tether import tether_observers
 from gpulaunch.leases.health import open_gate
+from gpulaunch.leases.part import GpuPart
 from gpulaunch.leases.request import stand_in
-from gpulaunch.logs.journal import LogDrop, rate_limit_burst, stored_lines
-from gpulaunch.logs.journal import sync as journal_sync
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.metrics.observer import MetricsOptions, metrics_observers
 from gpulaunch.model import JobReport, JobSpec, Manager, SupervisorKind
+from gpulaunch.parts import Part
 from gpulaunch.plan.environment import omp_default_applies
 from gpulaunch.plan.spec import (
     JobDraft,
@@ -49,17 +50,15 @@ from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
 from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, job_cgroup, kept
-from gpulaunch.watcher.launcher import tell, why_signalled
+from gpulaunch.watcher.launcher import why_signalled
 from gpulaunch.watcher.limits import check_job_fits
-from gpulaunch.watcher.observers import Observer
 
 if TYPE_CHECKING:
     from gpulaunch.base.userbus import UserManager
-    from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.leases.health import Gate
+    from gpulaunch.leases.store import Lease
     from gpulaunch.multinode.peerlink import PeerLink
     from gpulaunch.supervisor.keeper import KeeperLink
-    from gpulaunch.watcher.loop import Watcher
 
 
 def plan(opts: StartOptions, layout: Layout | None = None) -> tuple[JobSpec, JobUnits]:
@@ -140,8 +139,8 @@ def start(
 ) -> int:
     """`gpulaunch start`: run the job to its end; returns its status. The phases, each
     owning what it makes: enter (where the watcher runs), plan (the job, once), contain
-    (supervisor and observers, `metrics`' too), run (the watcher), report (complete before
-    any observer hears `finished`, printed last).
+    (its supervisor), parts (what the watcher calls besides: gpulaunch/parts.py, `metrics`'
+    too), run (the watcher), report (complete before any part hears `finished`, printed last).
     `argv`: the command line as typed, for the front end (gpulaunch/frontend/), which runs
     it again as a service of the user manager where that manager cannot adopt us
     (`frontend_child` there)."""
@@ -171,10 +170,10 @@ def start(
         if gate is not None:
             stack.callback(gate.close)
         job = _join(job, output, wakeup, stack)
-        contained = _contain(opts, job, entry, keeper, output, journal, detached, stack, gate)
-        contained.observers += metrics_observers(metrics, output.message)  # --metrics-*
+        contained = _contain(opts, job, entry, keeper, output, stack)
+        parts = _parts(job, entry, contained, output, detached, metrics, gate)
         try:
-            report = _run(job, contained, output, wakeup)
+            report = _run(job, contained, parts, output, journal, wakeup)
         finally:
             ignore_interrupts()  # the end is decided: its status is the exit status
     print(format_report(report), file=sys.stderr, flush=True)
@@ -227,6 +226,7 @@ class _Job:
     stacks_file: Path | None  # --hang-timeout / --dump-stacks: where stacks go
     pyspy: str | None  # found now: one line, before anything starts, if it is missing
     peer: PeerLink | None = None
+    lease: Lease | None = None  # --gpus auto:N: its GPUs, held by every rank too
 
 
 def _plan(opts: StartOptions, view: OutputOptions, hang: HangOptions) -> _Job:
@@ -285,16 +285,14 @@ def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
     return replace(job, spec=spec, units=units, peer=peer)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Contained:
-    """The job's supervisor and the observers that publish it (`_contain`)."""
+    """The job's supervisor, as `_contain` chose it."""
 
     chosen: Chosen
-    observers: tuple[Observer, ...]
-    publisher: JobPublisher
-    journal: bool  # journald is reachable: the report counts what it dropped
-    announce: Callable[[], None]  # once the job's units exist
-    gate: Gate | None = None  # the GPUs' health gate, open for the restarts and the accounting
+    manager_limits: bool  # its manager enforces the limits (else the supervisor says which not)
+    unpublished: bool  # no bus to publish the job on: a record file
+    keeper: int | None = None  # the direct supervisor's keeper (supervisor/keeper.py)
     why: Callable[[int], str | None] = lambda signum: None  # a signal: why (watcher/launcher.py)
 
 
@@ -304,14 +302,8 @@ def _contain(
     entry: _Entry,
     keeper: KeeperLink | None,
     output: Output,
-    journal: bool,
-    detached: Detached | None,
     stack: ExitStack,
-    gate: Gate | None,
 ) -> _Contained:
-    from gpulaunch.jobapi.filerecord import FileRecorder
-    from gpulaunch.jobapi.publisher import JobPublisher
-    from gpulaunch.jobapi.record import Recorder
     from gpulaunch.supervisor.choose import open_supervisor
 
     def warn(text: str) -> None:
@@ -319,8 +311,6 @@ def _contain(
 
     spec = job.spec
     chosen = open_supervisor(opts.supervisor, spec, job.units, os.environ, stack, warn)
-    if gate is not None:  # each restart's ranks pass the gate too (--max-restarts)
-        chosen.supervisor.restart_check = gate.check
     can = chosen.supervisor.can
     if entry.no_bus and can.publishes_on_bus:
         warn(entry.no_bus)
@@ -329,43 +319,84 @@ def _contain(
         if keeper is None and job.peer is None:  # the peer must stay the watcher's child
             keeper = fork_keeper_for(spec)
         chosen = kept(chosen, keeper, warn)  # (and what dead jobs left, ended: issue 35)
+    why = why_signalled(keeper.pid if keeper else None, entry.front_end)
+    return _Contained(chosen, can.manager_limits, unpublished, keeper.pid if keeper else None, why)
 
-    def announce() -> None:
-        output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
-        output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
-        if note := opts.recovery.restart.start_note(opts.max_restarts):  # issue 35
-            output.message(f"gpulaunch: job {spec.job}: {note}")
-        # warnings about a job that runs: not before its units exist (it may be refused)
-        _warn_about(spec, output, can.manager_limits)
-        if detached is not None:
-            detached.started()
 
-    publisher = JobPublisher(
-        warn=(lambda _: None) if entry.no_bus else warn,  # the no-bus line said it
-        last_output=output.last_line_at,
-        optional=unpublished,
-    )
-    observers = (  # the records first: Finished says they exist. No systemd: a record file
+def _parts(
+    job: _Job,
+    entry: _Entry,
+    contained: _Contained,
+    output: Output,
+    detached: Detached | None,
+    metrics: MetricsOptions | None,
+    gate: Gate | None,
+) -> list[Part]:
+    """The job's parts, in the order the watcher calls them (gpulaunch/parts.py)."""
+    from gpulaunch.jobapi.filerecord import FileRecorder
+    from gpulaunch.jobapi.publisher import JobPublisher
+    from gpulaunch.jobapi.record import Recorder
+
+    def warn(text: str) -> None:
+        output.message(f"gpulaunch: warning: {text}")
+
+    spec, unpublished = job.spec, contained.unpublished
+    # the records first: Finished says they exist. Without systemd, a record file too,
+    # and a bus is welcome but not needed.
+    return [
         *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
         *(
-            (FileRecorder(warn, cgroup=job_cgroup(chosen), keeper=keeper.pid if keeper else None),)
+            (FileRecorder(warn, cgroup=job_cgroup(contained.chosen), keeper=contained.keeper),)
             if unpublished
             else ()
         ),
         Recorder(warn=(lambda _: None) if unpublished else warn),  # the file has it then
-        publisher,
+        JobPublisher(
+            warn=(lambda _: None) if entry.no_bus else warn,  # the no-bus line said it
+            last_output=output.last_line_at,
+            optional=unpublished,
+        ),
         *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map
-    )
-    why = why_signalled(keeper.pid if keeper else None, entry.front_end)
-    return _Contained(chosen, observers, publisher, journal, announce, gate, why)
+        *metrics_observers(metrics, output.message),  # --metrics-*
+        GpuPart(spec, job.lease, gate),  # its lease's fds, the gate at each restart, its use
+        _StartLine(spec, contained, output, detached, job.draft.opts),
+    ]
 
 
-def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobReport:
-    """The watcher, to the job's end; its report completed by what the output knows."""
+class _StartLine(Part):
+    """Where the job runs and what guards it, once its units exist (it may be refused)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        contained: _Contained,
+        output: Output,
+        detached: Detached | None,
+        opts: StartOptions,
+    ) -> None:
+        self.spec, self.contained, self.output, self.detached = spec, contained, output, detached
+        # the crash-loop rule can end the job before --max-restarts (issue 35)
+        self.note = opts.recovery.restart.start_note(opts.max_restarts)
+
+    def created(self) -> None:
+        spec, chosen, output = self.spec, self.contained.chosen, self.output
+        output.message(f"gpulaunch: job {spec.job}: {_where(spec, chosen.where)}")
+        output.message(f"gpulaunch: job {spec.job}: {chosen.line}")
+        if self.note:
+            output.message(f"gpulaunch: job {spec.job}: {self.note}")
+        # warnings about a job that runs: not before its units exist (it may be refused)
+        _warn_about(spec, output, self.contained.manager_limits)
+        if self.detached is not None:
+            self.detached.started()
+
+
+def _run(
+    job: _Job, contained: _Contained, parts: list[Part], output: Output, journal: bool, wakeup: int
+) -> JobReport:
+    """The watcher, with the job's parts, to the job's end."""
     from gpulaunch.watcher.hangwatch import HangWatch
     from gpulaunch.watcher.loop import Watcher
 
-    spec, started = job.spec, time.time()
     hang = None
     if job.stacks_file is not None:
         hang = HangWatch(
@@ -376,64 +407,35 @@ def _run(job: _Job, contained: _Contained, output: Output, wakeup: int) -> JobRe
             job.stacks_file,
             pyspy=job.pyspy,
         )
-
-    watcher = Watcher(
-        spec,
-        contained.chosen.supervisor,
+    chosen = contained.chosen
+    return Watcher(
+        job.spec,
+        chosen.supervisor,
         wakeup,
-        on_created=contained.announce,
-        observers=contained.observers,
+        parts,
         output=output,
-        journal=contained.journal,
+        journal=journal,  # journald is reachable: the pumps write to it, the report counts
         peer=job.peer,
         hang=hang,
         recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
-    )
-    contained.publisher.signal_ranks = watcher.signal_ranks  # both exist now
-    tell(watcher, contained.why, contained.chosen)  # what its signals and its ranks' place are
-    watcher.finish = lambda report: _report(report, spec, output, watcher, started, contained)
-    return watcher.run()
-
-
-def _report(
-    report: JobReport,
-    spec: JobSpec,
-    output: Output,
-    watcher: Watcher,
-    started: float,
-    contained: _Contained,
-) -> JobReport:
-    """What the output knows at the end (log-file gaps, journal drops) and the GPUs' use,
-    before any observer hears `finished`: the record and the bus carry the complete report."""
-    from gpulaunch.leases.accounting import gpu_use
-
-    report = replace(report, log_file_gaps=output.log_file_gaps)
-    report = replace(report, gpu_use=gpu_use(spec, report, contained.gate, time.time() - started))
-    if not contained.journal:
-        return report
-    missed = frozenset(r.spec.rank for r in watcher.ranks if r.journal_missed)
-    crowded = frozenset(r.spec.rank for r in watcher.ranks if r.journal_crowded)
-    # no units (the direct supervisor): the journal knows the ranks by their pumps
-    writers = None if all(r.units for r in watcher.ranks) else watcher.pump_pids
-    drops = journal_drops(spec, output, missed, started, crowded, writers)
-    return replace(report, log_drops=drops)
+        why_signalled=contained.why,  # its launcher's death (watcher/launcher.py)
+        contained_in=None if chosen.supervisor.can.makes_units else chosen.where,  # its view
+    ).run()
 
 
 def _lease(
     opts: StartOptions, job: _Job, view: OutputOptions, hang: HangOptions
 ) -> tuple[StartOptions, _Job]:
     """`--gpus auto:N`: lease the GPUs (held by this process until it exits, and by the
-    ranks it forks: leases/store.py), and plan the same job (its id kept) on them."""
+    ranks it forks: leases/part.py), and plan the same job (its id kept) on them."""
     import atexit
 
     from gpulaunch.leases.notes import remove_note, write_note
     from gpulaunch.leases.request import take
-    from gpulaunch.leases.store import hold_for_ranks
 
     assert opts.gpu_lease is not None
     opts, lease = take(replace(opts, job=job.spec.job), opts.gpu_lease, opts.wait_for_gpus)
-    hold_for_ranks(lease)
-    job = _plan(opts, view, hang)
+    job = replace(_plan(opts, view, hang), lease=lease)
     atexit.register(remove_note, write_note(job.spec.job, opts.machine_root))
     return opts, job
 
@@ -464,45 +466,3 @@ def _where(spec: JobSpec, where: str) -> str:
         f"node {spec.layout.node_rank} of {spec.layout.nnodes}, ranks {first}-"
         f"{first + spec.nproc - 1} of {spec.world_size} in {where}"
     )
-
-
-def journal_drops(
-    spec: JobSpec,
-    output: Output,
-    missed: frozenset[int] = frozenset(),
-    since: float = 0.0,
-    crowded: frozenset[int] = frozenset(),
-    writers: Mapping[int, Sequence[int]] | None = None,
-) -> tuple[LogDrop, ...]:
-    """Ranks of which journald kept fewer lines than they wrote.
-
-    Its rate limit, or it was away for a while (the pumps of the ranks in
-    `missed` could not hand it every line), or it was slower than the rank (the pumps of
-    the ranks in `crowded` left lines out rather than hold the rank back), or it did not
-    store them.
-    Every rank that wrote a line is counted (never a silent loss: with the rate
-    limit lifted, journald can still fail to store or keep lines); only the lines
-    since `since` (time.time() at the job's start), so that an earlier job of the
-    same id does not count.
-    """
-    burst = rate_limit_burst()
-    # empty lines are not counted: journald never stores them (logs/output.py journal_entries)
-    wrote = [(r, output.journal_lines(r.rank)) for r in spec.ranks if output.journal_lines(r.rank)]
-    if not wrote:
-        return ()
-    journal_sync(spec.manager)
-    pids = None if writers is None else {f"rank{r}": p for r, p in writers.items()}
-    stored = stored_lines(spec.manager, [(r.unit, f"rank{r.rank}") for r, _ in wrote], since, pids)
-    if stored is None:
-        return ()
-    drops = []
-    for rank, written in wrote:
-        kept = stored[f"rank{rank.rank}"]
-        if kept < written:
-            limited = burst is not None and written > burst
-            drops.append(
-                LogDrop(
-                    rank.rank, written, kept, rank.rank in missed, limited, rank.rank in crowded
-                )
-            )
-    return tuple(drops)

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 
 from gpulaunch.model import JobProgress, JobReport, JobSpec, Manager, RankProgress
+from gpulaunch.parts import Controls, Part
 
 ENV = "GPULAUNCH_FRONTEND"  # "<pid>:<start time>" of the front end (start.py takes it out)
 # ... and this after it: no bus name ties us to it (no user bus), a tie service does; no
@@ -40,8 +41,8 @@ def _start_time(pid: int) -> str:
     return stat.rpartition(")")[2].split()[19]  # field 22, after the command's name
 
 
-class FrontEndTether:
-    """A watcher `Observer`: stops the watcher's service when its front end ends."""
+class FrontEndTether(Part):
+    """A job `Part` (gpulaunch/parts.py): stops the watcher's service when its front end ends."""
 
     def __init__(self, front_end: str, stop_service: Callable[[], None]) -> None:
         self._stop_service = stop_service
@@ -55,9 +56,7 @@ class FrontEndTether:
             else:  # gone already, its pid someone else's
                 os.close(pidfd)
 
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         if self.pidfd < 0:
             self._ended()

@@ -41,6 +41,7 @@ from gpulaunch.jobapi.procid import Identity, node_name
 from gpulaunch.jobapi.record import fields, parse
 from gpulaunch.jobapi.view import JobState, JobView, bus_label
 from gpulaunch.model import JobProgress, JobReport, RankProgress
+from gpulaunch.parts import Controls, Part
 from gpulaunch.report import headline
 
 KEEP = 100  # records kept; the oldest go first
@@ -327,8 +328,8 @@ def send_signal(record: FileRecord, signum: int) -> bool:
     return True
 
 
-class FileRecorder:
-    """Writes the job's record file at its start and its end; a watcher `Observer`."""
+class FileRecorder(Part):
+    """Writes the job's record file at its start and its end; a job `Part`."""
 
     def __init__(
         self,
@@ -348,9 +349,7 @@ class FileRecorder:
         except OSError as exc:
             self._warn(f"could not write the job's record file: {exc}")
 
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         self._write(JobView.of_progress(job), f"job {job.spec.job} started")
 
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:

@@ -1,6 +1,6 @@
 """The job on the bus: its watcher publishes it while it runs (docs/dbus.md).
 
-`JobPublisher` is a watcher `Observer`. Before anything starts it connects to
+`JobPublisher` is a job `Part` (gpulaunch/parts.py). Before anything starts it connects to
 the bus the job runs under (the system bus for the system manager, the user's
 session bus for a user manager) and owns `io.gpulaunch.job.<label>`; then it
 serves one object, `/io/gpulaunch/job/<label>`, with interface
@@ -71,6 +71,7 @@ from gpulaunch.jobapi.interface import (
 from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.view import INTERFACE, JobView, bus_name, bus_title, object_path
 from gpulaunch.model import JobProgress, JobReport, Manager, RankProgress
+from gpulaunch.parts import Controls, Part
 
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 NOTICES = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # what Signal() passes on
@@ -91,21 +92,20 @@ def _consume(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-class JobPublisher:
-    """Publishes one job on the bus while its watcher runs; a watcher `Observer`."""
+class JobPublisher(Part):
+    """Publishes one job on the bus while its watcher runs; a job `Part`."""
 
     def __init__(
         self,
         warn: Callable[[str], None] | None = None,
         last_output: Callable[[int], float | None] | None = None,
-        signal_ranks: Callable[[int, int | None], int] | None = None,
         optional: bool = False,
     ) -> None:
         self._last_output = last_output or (lambda rank: None)
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
-        # Signal(): the watcher's notice to its ranks (signal, global rank or None: all)
-        # who sends `Signal`'s signals: the watcher, set once it exists (start.py)
-        self.signal_ranks = signal_ranks or (lambda signum, rank: 0)
+        # Signal(): the watcher's notice to its ranks (signal, global rank or None: all),
+        # handed in by `attach` with the job's other controls
+        self._signal_ranks: Callable[[int, int | None], int] = lambda signum, rank: 0
         self._optional = optional  # no bus is no error (the direct supervisor)
         self._job: JobProgress | None = None
         self._stop_job: Callable[[], None] = lambda: None
@@ -123,13 +123,12 @@ class JobPublisher:
         self.path = ""
         self.owner = os.getuid()
 
-    # -- Observer -----------------------------------------------------------
+    # -- Part ---------------------------------------------------------------
 
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         self._job = job
-        self._stop_job = stop
+        self._stop_job = controls.stop
+        self._signal_ranks = controls.signal_ranks
         self._loop = loop
         self.name = bus_name(job.spec.job)
         self.path = object_path(job.spec.job)
@@ -480,7 +479,7 @@ class JobPublisher:
                 INVALID_ARGS,
                 f"rank {rank} is not one of this node's ({min(ranks)}-{max(ranks)})",
             )
-        sent = self.signal_ranks(signum, None if rank == -1 else rank)
+        sent = self._signal_ranks(signum, None if rank == -1 else rank)
         return Message.new_method_return(msg, "u", [sent])
 
 

@@ -40,6 +40,7 @@ from gpulaunch.model import (
     Manager,
     RankProgress,
 )
+from gpulaunch.parts import Controls, Part
 from gpulaunch.report import headline
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
     return out
 
 
-class Recorder:
-    """Writes the job's record when it ends; a watcher `Observer`."""
+class Recorder(Part):
+    """Writes the job's record when it ends; a job `Part`."""
 
     def __init__(
         self,
@@ -111,9 +112,7 @@ class Recorder:
         self._send = send
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
 
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         pass
 
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:

@@ -7,5 +7,6 @@ refusals and `gpulaunch list`;
 notes.py: the holders' notes naming their jobs (root's in /run/gpulaunch/holders, a user's in
 their own runtime directory);
 health.py: the NVML gate before the start and each restart;
-accounting.py: the GPU use of a finished job, for its report and record.
+accounting.py: the GPU use of a finished job, for its report and record;
+part.py: all three as one of the job's parts (gpulaunch/parts.py), called by the watcher.
 """

@@ -10,10 +10,12 @@ each GPU, at the end minus when the gate opened; Volta and later).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpulaunch.leases.health import Gate
 from gpulaunch.model import GpuUse, JobReport, JobSpec, RankGpuUse
+
+if TYPE_CHECKING:
+    from gpulaunch.leases.health import Gate
 
 
 def _stats(gate: Gate, gpu: int, pid: int | None) -> tuple[int | None, int | None]:

@@ -12,8 +12,8 @@ holds nor make a lock of root's go away.
 A lease is an open file description with an exclusive flock on it. The kernel
 drops the lock when the last fd of it closes, and every process of the job has
 one: the watcher that took it, under the direct supervisor its keeper (forked
-after the lease was taken), and every rank (fds 3, 4, ... from `rank_fds()`, put
-there by watcher/forkrank.py). So the lease lasts exactly as long as the last
+after the lease was taken), and every rank (at fds 3, 4, ...: the job's GPU part hands
+them to each rank it is forked with, part.py). So the lease lasts exactly as long as the last
 process of the job: a SIGKILLed watcher's GPUs are free once systemd (BindsTo=)
 or its keeper has stopped its ranks; a reboot empties /run. Nothing of ours has
 to remember to release anything.
@@ -146,26 +146,10 @@ class Lease:
     fds: list[int] = field(default_factory=list)
 
     def close(self) -> None:
-        if self in _HELD:
-            _HELD.remove(self)
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
-
-
-_HELD: list[Lease] = []  # this process's leases, which the ranks it forks inherit
-
-
-def hold_for_ranks(lease: Lease) -> None:
-    """The ranks this process forks from now on hold `lease` too (`rank_fds`)."""
-    _HELD.append(lease)
-
-
-def rank_fds() -> dict[int, int]:
-    """A rank's fds (3, 4, ...) -> this process's lease fds to put there."""
-    fds = [fd for lease in _HELD for fd in lease.fds]
-    return {3 + i: fd for i, fd in enumerate(fds)}
 
 
 def store_uid(root: Path | None) -> int:

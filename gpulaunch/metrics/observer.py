@@ -1,4 +1,4 @@
-"""The metrics observer (watcher/observers.py's protocol): the job for Prometheus.
+"""The metrics observer (a job `Part`, gpulaunch/parts.py): the job for Prometheus.
 
 It keeps the newest `JobProgress` it was handed and turns it into metric families
 (metrics/series.py) only when asked: at a scrape of the endpoint (metrics/server.py),
@@ -20,6 +20,7 @@ from gpulaunch.metrics.server import MetricsServer, bind, bound_address
 from gpulaunch.metrics.textfile import TextFile
 from gpulaunch.metrics.usage import UsageReader
 from gpulaunch.model import JobProgress, JobReport, RankProgress
+from gpulaunch.parts import Controls, Part
 from gpulaunch.resources.nvml import Gpus, open_gpus
 
 __all__ = ["MetricsObserver", "MetricsOptions", "metrics_observers"]
@@ -34,7 +35,7 @@ def metrics_observers(
     return (MetricsObserver(options, say),)
 
 
-class MetricsObserver:
+class MetricsObserver(Part):
     """Serves and/or writes the job's metrics while it runs."""
 
     def __init__(
@@ -56,9 +57,7 @@ class MetricsObserver:
         self.usage: UsageReader | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         self.job = job
         # Bad options fail here, before the job's units exist: nothing is left behind.
         if self.options.textfile is not None:

@@ -4,8 +4,8 @@
 - `jobmap.py`: DCGM's job map: one file per GPU naming the jobs on it (also a script, for
   the anchor's `ExecStopPost=` after a watcher's SIGKILL);
 - `slurm.py`: why Slurm sent SIGTERM (a requeue, a cancel, the time limit), from its
-  controller;
-- `observers.py`: both as the watcher's observers, and what the keeper does for them once
-  the watcher is gone;
+  controller, and the part that makes the report say so;
+- `observers.py`: both as parts of the job (gpulaunch/parts.py), and what the keeper
+  does for them once the watcher is gone;
 - `options.py`: `--termination-log`, `--gpu-job-map`.
 """

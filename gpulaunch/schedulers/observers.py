@@ -1,5 +1,5 @@
-"""The job's hand-over to the cluster's tools, as observers of the watcher
-(gpulaunch/watcher/observers.py): DCGM's job map while it runs, Kubernetes' termination
+"""The job's hand-over to the cluster's tools, as parts of the job
+(gpulaunch/parts.py): DCGM's job map while it runs, Kubernetes' termination
 message when it ends. start.py builds them (`scheduler_observers`); what outlives a killed
 watcher (the anchor, the keeper) finishes their work after a SIGKILL."""
 
@@ -10,7 +10,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from gpulaunch.model import JobProgress, JobReport, JobSpec, RankProgress
+from gpulaunch.model import JobProgress, JobReport, JobSpec
+from gpulaunch.parts import Controls, Part
 from gpulaunch.schedulers.jobmap import add_job, remove_job
 from gpulaunch.schedulers.termination import (
     killed_watcher_message,
@@ -19,20 +20,12 @@ from gpulaunch.schedulers.termination import (
 )
 
 
-class TerminationLog:
+class TerminationLog(Part):
     """Writes the termination message once the report is complete."""
 
     def __init__(self, path: Path, warn: Callable[[str], None]) -> None:
         self.path = path
         self.warn = warn
-
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        pass
-
-    def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
-        pass
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:
         why = write_message(self.path, termination_message(report))
@@ -40,7 +33,7 @@ class TerminationLog:
             self.warn(why)
 
 
-class JobMapEntry:
+class JobMapEntry(Part):
     """The job's line in DCGM's map for each of its GPUs: there before the first rank
     starts (the watcher attaches its observers first), gone when the job ends."""
 
@@ -49,16 +42,11 @@ class JobMapEntry:
     ):
         self.directory, self.job, self.gpus, self.warn = directory, job, gpus, warn
 
-    def attach(
-        self, job: JobProgress, stop: Callable[[], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         try:
             add_job(self.directory, self.job, self.gpus)
         except OSError as exc:
             self.warn(f"--gpu-job-map: cannot write {self.directory}: {exc.strerror}")
-
-    def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
-        pass
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:
         self.remove()

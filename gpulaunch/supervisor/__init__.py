@@ -13,9 +13,6 @@ one small interface, `Supervisor`, and never to systemd itself:
   `SupervisorEvents.gang_stopped` says when nothing of them is left;
 - `kill_gang`: SIGKILL every rank now (a second Ctrl-C);
 - `renew_gang`: containment for a new attempt after a gang stop (restarts);
-  `restart_check`, when set, runs after the first rank of such an attempt is
-  placed, its error that attempt's start error (the GPU health gate;
-  gpulaunch/supervisor/restartcheck.py);
 - `signal_rank`: a notice (SIGUSR1/2) to every process of one rank;
 - `parent_death_signal`: what the kernel sends the processes the watcher forks
   when it dies (0: nothing; the supervisor stops them another way).
@@ -33,8 +30,7 @@ manager that does not answer yet, `anchor.py` for the job's anchor service;
 `direct.py`, the direct supervisor (the watcher's own cgroups or process groups),
 with `cgroups.py` and `pgroups.py` under it and `keeper.py`, what outlives its
 watcher (and `sentinel.py`, what outlives both the watcher and the keeper);
-`choose.py`, which supervisor a job gets (`--supervisor`), and what it guarantees;
-`restartcheck.py`, the check each restart's ranks must pass.
+`choose.py`, which supervisor a job gets (`--supervisor`), and what it guarantees.
 """
 
 from __future__ import annotations
@@ -97,7 +93,6 @@ class Supervisor(Protocol):
     name: str  # shown to users (the start line, `gpulaunch doctor`); never asked: see `can`
     can: Capabilities  # what it can do
     parent_death_signal: int  # PR_SET_PDEATHSIG of every process the watcher forks; 0: none
-    restart_check: Callable[[], None] | None  # after a renewal's first `place` (restartcheck.py)
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents

@@ -63,7 +63,6 @@ from gpulaunch.supervisor.pgroups import (
     reap_orphans,
     signal_all,
 )
-from gpulaunch.supervisor.restartcheck import RestartCheck
 from gpulaunch.units.definitions import JobUnits
 
 CLEANUP_TIMEOUT = 5.0  # seconds to wait for killed ranks to leave their cgroups at the end
@@ -74,7 +73,7 @@ KEEPER_LINE = (
 )
 
 
-class _Direct(RestartCheck):
+class _Direct:
     """What both direct supervisors share: the grace timer and the events."""
 
     name = "direct"
@@ -237,7 +236,6 @@ class CgroupSupervisor(_Direct):
             self.job.set("memory.max", self.spec.job_memory_max)
 
     async def renew_gang(self, units: JobUnits | None = None) -> None:
-        self._gang_renewed()
         for index, (cgroup, rank) in enumerate(zip(self.ranks, self.spec.ranks, strict=True)):
             with contextlib.suppress(FileExistsError):
                 cgroup.make()
@@ -260,7 +258,6 @@ class CgroupSupervisor(_Direct):
             )
             return
         self._events.placed(rank, None)
-        self._rank_placed()
 
     def stop_gang(self) -> None:
         self._stopping = True
@@ -349,7 +346,6 @@ class ProcessGroupSupervisor(_Direct):
         self._adopting = True
 
     async def renew_gang(self, units: JobUnits | None = None) -> None:
-        self._gang_renewed()
         self._rank_pids.clear()
 
     def place(self, rank: int, pids: Sequence[int]) -> None:
@@ -358,7 +354,6 @@ class ProcessGroupSupervisor(_Direct):
         self._rank_pids[rank] = pids[0]
         self._pumps.update(pids[1:])
         self._events.placed(rank, None)
-        self._rank_placed()
 
     @property
     def _ours(self) -> set[int]:

@@ -39,7 +39,6 @@ from gpulaunch.errors import (
 )
 from gpulaunch.supervisor import Capabilities, SupervisorEvents, Watch
 from gpulaunch.supervisor.reach import retry
-from gpulaunch.supervisor.restartcheck import RestartCheck
 from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, SystemdAPI
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
@@ -49,7 +48,7 @@ T = TypeVar("T")
 _SETTLED = "/gpulaunch/settled"
 
 
-class SystemdSupervisor(RestartCheck):
+class SystemdSupervisor:
     """Scopes and slices of the system or a user manager (gpulaunch.supervisor.Supervisor)."""
 
     name = "systemd"
@@ -143,7 +142,6 @@ class SystemdSupervisor(RestartCheck):
     async def renew_gang(self, units: JobUnits | None = None) -> None:
         # A gang stop removes the ranks slice; a new attempt needs it again.
         self.units = units or self.units
-        self._gang_renewed()
         self._gang_stop_asked = False
         await self._done(self._start(self.units.ranks_slice), self.units.ranks_slice.name)
 
@@ -154,7 +152,6 @@ class SystemdSupervisor(RestartCheck):
         )
         self._rank_jobs[path] = rank
         self._on_bus()  # signals that arrived during the call wait in sd-bus's queue
-        self._rank_placed()
 
     def _start(self, unit: UnitDefinition, pids: Sequence[int] = ()) -> asyncio.Future[str]:
         return self._start_unit(unit.name, unit.properties, pids)

@@ -71,7 +71,7 @@ _DESTRUCTIVE = "org.freedesktop.systemd1.TransactionIsDestructive"
 # What sd-bus answers once the peer closed the connection (or never answered).
 _LOST = frozenset({errno.ECONNRESET, errno.ENOTCONN, errno.EPIPE, errno.ESHUTDOWN})
 # Signals we hold during a synchronous call: every catchable one that is not a fault.
-_HELD = frozenset(signal.valid_signals()) - {
+_BLOCKED = frozenset(signal.valid_signals()) - {
     signal.SIGKILL,
     signal.SIGSTOP,
     signal.SIGSEGV,
@@ -101,7 +101,7 @@ class ConnectionLost(Exception):
 @contextmanager
 def _signals_held() -> Iterator[None]:
     """Block signals for the duration of a synchronous call (see the module docstring)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
     try:
         yield
     finally:

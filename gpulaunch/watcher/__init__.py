@@ -12,7 +12,8 @@
 - `limits.py`: the open-file and process limits a job must fit;
 - `notices.py`: SIGUSR1/SIGUSR2 passed on to the ranks;
 - `hangwatch.py`: --hang-timeout and --dump-stacks in the loop;
-- `observers.py`: what follows a job as it runs (the bus publisher, the record);
+- `drops.py`: what the report says of rank output lost on its way (log-file gaps,
+  journal drops);
 - `rounds.py`: the watcher's side of the other nodes' rounds;
 - `unmanaged.py`: ranks whose manager is gone, ended by the watcher itself;
 - `keep.py`: the direct supervisor's keeper, seen from `gpulaunch start`;
@@ -20,5 +21,6 @@
   end);
 - `terminal.py`: the stdin rank's input (`--stdin-rank`), Ctrl-C passed on as SIGINT.
 
-How the ranks are contained is not decided here: see `gpulaunch.supervisor`.
+How the ranks are contained is not decided here: see `gpulaunch.supervisor`. What a job
+has besides its ranks plugs in as a part: see `gpulaunch.parts`.
 """

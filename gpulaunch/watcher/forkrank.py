@@ -9,10 +9,9 @@ gates (base/procs.py) until the supervisor has contained them.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from gpulaunch.base.procs import fork_held, spawn_held
-from gpulaunch.leases.store import rank_fds
 from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.watcher.ranks import Rank
 
@@ -24,6 +23,7 @@ def fork_rank(
     death_signal: int,
     born: Callable[[Rank], None],
     stdin: Callable[[int], tuple[int, bool]] | None = None,
+    inherited: Sequence[int] = (),
 ) -> tuple[int, int]:
     """Fork `rank` (its `child`) and its log pump (its `pump`), both held at their gates.
 
@@ -31,6 +31,8 @@ def fork_rank(
     so that a failure forking the pump leaves no rank unwatched. `stdin(rank)`: the rank's
     fd 0 and whether to close it here (watcher/terminal.py; None: the watcher's). Returns
     the read ends of the live stdout and stderr pipes, for the terminal's output.
+    `inherited`: fds the rank gets at 3, 4, ... (the job's parts', gpulaunch/parts.py: a GPU
+    lease's lasts as long as its ranks).
     """
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -39,8 +41,7 @@ def fork_rank(
     hold_r = rank.hold_pump()  # the pump's exit waits for the watcher's read of the cgroup
     stdin_fd, own = stdin(rank.spec.rank) if stdin is not None else (0, False)
     try:
-        # a GPU lease lasts as long as its ranks
-        fds = {0: stdin_fd, 1: out_w, 2: err_w, **rank_fds()}
+        fds = {0: stdin_fd, 1: out_w, 2: err_w, **{3 + i: fd for i, fd in enumerate(inherited)}}
         rank.child = spawn_held(rank.spec.argv, dict(env), fds, death_signal)
         born(rank)
         rank.pump = fork_held(

@@ -15,13 +15,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpulaunch.jobapi.procid import Identity, boot_id, pid_namespace
-
-if TYPE_CHECKING:
-    from gpulaunch.supervisor.choose import Chosen
-    from gpulaunch.watcher.loop import Watcher
 
 
 @dataclass(frozen=True)
@@ -67,11 +62,3 @@ def why_signalled(keeper: int | None, front_end: str | None) -> Callable[[int], 
     """What a signal to the watcher was, if not a stop someone asked for (None: a stop)."""
     launcher = launcher_of(keeper, front_end)
     return launcher.why if launcher is not None else lambda signum: None
-
-
-def tell(watcher: Watcher, why: Callable[[int], str | None], chosen: Chosen) -> None:
-    """Tell the watcher what its signals can mean, and, under the direct supervisor (no unit,
-    no manager), where its ranks are instead: what its view says (jobapi/view.py)."""
-    watcher.why_signalled = why
-    if chosen.supervisor.name == "direct":
-        watcher.contained_in = chosen.where

@@ -7,7 +7,6 @@ a deadline wakes it: no polling (the grace is systemd.kill(5)'s; watcher/eventlo
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from gpulaunch.base.interrupts import NOTICES, RESUMED, pending
 from gpulaunch.base.procs import kill_and_reap, reap
+from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.journal import journal_limit
 from gpulaunch.logs.output import Output, OutputOptions, Stream
@@ -24,14 +24,16 @@ from gpulaunch.logs.pump import JournalTarget, journal_status
 from gpulaunch.logs.width import rank_columns
 from gpulaunch.model import JobProgress, JobReport, JobSpec, Phase, RankExit, RankState, job_outcome
 from gpulaunch.multinode.othernodes import OtherNodes
-from gpulaunch.multinode.peerlink import PeerLink
+from gpulaunch.multinode.peerlink import Interrupted, PeerLink
 from gpulaunch.multinode.rounds import Next
+from gpulaunch.parts import Controls, Part, Parts
 from gpulaunch.plan.environment import attempt_environment
 from gpulaunch.progress.channel import ProgressChannel
 from gpulaunch.recovery.settings import RecoveryOptions
 from gpulaunch.recovery.tracker import Recovery
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.units.definitions import JobUnits
+from gpulaunch.watcher.drops import LostOutput
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
 from gpulaunch.watcher.eventloop import EventLoop
@@ -39,34 +41,35 @@ from gpulaunch.watcher.final import UsageReader
 from gpulaunch.watcher.forkrank import fork_rank
 from gpulaunch.watcher.hangwatch import HangWatch
 from gpulaunch.watcher.notices import pass_on, preempt, preempt_while_stopping
-from gpulaunch.watcher.observers import FINISH_TIMEOUT, Observer
 from gpulaunch.watcher.origin import blame_teardown
 from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
-from gpulaunch.watcher.rounds import next_round, on_elsewhere
+from gpulaunch.watcher.rounds import next_round
 from gpulaunch.watcher.settle import Settle
 from gpulaunch.watcher.terminal import RankStdin, ctrl_c
 from gpulaunch.watcher.unmanaged import end_ranks
 
 
 class Watcher(EventLoop):
-    """Runs one job to its end and returns its `JobReport`."""
+    """Runs one job to its end and returns its `JobReport`; `parts`: the job's optional
+    parts, called in the list's order at the points gpulaunch/parts.py names."""
 
     def __init__(
         self,
         spec: JobSpec,
         supervisor: Supervisor,
         wakeup_fd: int,
+        parts: Sequence[Part] = (),
+        *,  # the loop's own, by name:
         clock: Callable[[], float] = time.monotonic,
-        on_created: Callable[[], None] = lambda: None,
-        observers: Sequence[Observer] = (),
         output: Output | None = None,
         journal: bool = False,
         runtime_dir: Path | None = None,
         peer: PeerLink | None = None,
         hang: HangWatch | None = None,
-        finish: Callable[[JobReport], JobReport] = lambda report: report,
         recovery: RecoveryOptions | None = None,
+        why_signalled: Callable[[int], str | None] = lambda signum: None,
+        contained_in: str | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -74,8 +77,6 @@ class Watcher(EventLoop):
         self.wakeup_fd = wakeup_fd
         os.set_blocking(wakeup_fd, False)  # read between forks too, not only when readable
         self.clock = clock
-        self.on_created = on_created  # called once the job's units exist
-        self.finish = finish
         self.phase = Phase.STARTING
         self.ranks = [Rank(spec=r, units=supervisor.can.makes_units) for r in spec.ranks]
         self.pump_pids: dict[int, list[int]] = {}  # rank -> its pumps' pids, every attempt
@@ -83,15 +84,16 @@ class Watcher(EventLoop):
         # what interrupted it if not a signal: `gpulaunch stop`, a stop from outside
         self.interrupted_by: str | None = None
         self._signalled = False  # a first SIGINT/SIGTERM/SIGHUP came: the next one kills
-        self.why_signalled: Callable[[int], str | None] = lambda signum: None  # launcher.py
-        self.contained_in: str | None = None  # no unit: where the ranks are (JobProgress)
+        self.why_signalled = why_signalled  # a signal: its launcher's death? (launcher.py)
+        self.contained_in = contained_in  # no unit: where the ranks are (JobProgress)
         self.stop_issued = False
         self.gang_stopping = False  # asked the supervisor to stop the gang, not yet gone
         self.start_error: GpulaunchError | None = None
-        self.observers = tuple(observers)
+        self.parts = Parts(parts)
         self.output = output or Output(OutputOptions(), spec.world_size)
         self.stdin = RankStdin(spec.stdin_rank, spec.world_size, self.output)  # --stdin-rank
         self.journal = journal  # whether the pumps write to journald
+        self._lost = LostOutput(spec, self.output, journal)  # the report's lost lines
         self.attempt = spec.layout.attempt if spec.layout else 0  # restarts so far, any node
         self._settle = Settle(spec.grace_sec)  # see _finished
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
@@ -108,7 +110,7 @@ class Watcher(EventLoop):
         )
         if peer is not None:
             assert spec.layout is not None
-            self.nodes = OtherNodes(peer, spec.layout, clock, lambda f: on_elsewhere(self, f))
+            self.nodes = OtherNodes(peer, spec.layout, clock, self._elsewhere)
 
     # -- the loop ---------------------------------------------------------
 
@@ -126,8 +128,10 @@ class Watcher(EventLoop):
             self.output.attach(self._aio, self._poke, self._watch)
             stack.callback(self.output.close)
             self.stdin.attach(self._aio, stack, self.supervisor)
-            for observer in self.observers:
-                observer.attach(self.progress(), self.request_stop, self._aio)
+            stack.callback(self.parts.close)
+            self.parts.attach(
+                self.progress(), Controls(self.request_stop, self.signal_ranks), self._aio
+            )
             if self.nodes is not None:
                 self.nodes.attach(self._watch, self._aio.remove_reader)
             self._create_job_units(stack)
@@ -137,7 +141,7 @@ class Watcher(EventLoop):
             self._written = stack.enter_context(ErrorFileWatch())
             self._watch(self._written.fileno(), self._on_error_file)
             self.steps.attach(stack, self._aio, self._watch, lambda: self._notify(None))
-            self.on_created()
+            self.parts.created()
             while True:
                 if not self._stopping_asked():
                     self._start_ranks()
@@ -147,12 +151,11 @@ class Watcher(EventLoop):
                 if not self._restart():
                     break
             self._set_phase(Phase.DONE)
-            report = self.finish(self.report())  # what the output knows (logs lost) added
-            progress = self.progress()
-            for observer in self.observers:  # also after a failed start: it is recorded too
-                self._aio.run_until_complete(
-                    asyncio.wait_for(observer.finished(progress, report), FINISH_TIMEOUT)
-                )
+            report = self.parts.complete(
+                self._lost.complete(self.report(), self.ranks, self.pump_pids)
+            )
+            # also after a failed start: it is recorded too
+            self._aio.run_until_complete(self.parts.finished(self.progress(), report))
             if self.start_error is not None:
                 raise self.start_error
             return report
@@ -160,7 +163,7 @@ class Watcher(EventLoop):
     def _restart(self) -> bool:
         """After a failure, start the gang again if recovery/ says so (--max-restarts, ...)."""
         if self.nodes is not None:  # every node's gang, together (watcher/rounds.py)
-            return next_round(self)
+            return self._next_round(self.nodes)
         report, stopping = self.report(), self._stopping_asked()  # (its cause rank's error read)
         self.recovery.stepped = any(rank.steps is not None for rank in self.ranks)
         if not self.recovery.restart(report, self._exits(), stopping, self.output.message):
@@ -168,6 +171,26 @@ class Watcher(EventLoop):
         self.attempt += 1
         self.new_attempt()
         return True
+
+    def _next_round(self, nodes: OtherNodes) -> bool:
+        try:
+            new = next_round(nodes, self.spec, self.wakeup_fd, self.output.message)
+        except Interrupted as exc:
+            self.interrupt = (self.clock(), exc.exit_code - 128)
+            return False
+        except GpulaunchError as exc:  # the rendezvous failed (NodeLinkError): said as at start
+            self.start_error = exc
+            return False
+        if new is not None:
+            self.spec, self.attempt = new.spec, new.attempt
+            self.new_attempt(new.units)
+        return new is not None
+
+    def _elsewhere(self, failure: NodeFailure) -> None:
+        """Another node failed first: stop ours."""
+        self.output.message(f"gpulaunch: {failure.describe()}; stopping this node's ranks")
+        if self.phase is not Phase.STARTING:
+            self._begin_stop()
 
     def new_attempt(self, units: JobUnits | None = None) -> None:
         """The gang of the next attempt, in new containment (the last one stopped);
@@ -214,12 +237,8 @@ class Watcher(EventLoop):
         self._notify(rank)
 
     def _notify(self, rank: Rank | None) -> None:
-        if not self.observers:
-            return
-        progress = self.progress()
-        changed = rank.progress() if rank is not None else None
-        for observer in self.observers:
-            observer.changed(progress, changed)
+        if self.parts:  # (no snapshot for nobody)
+            self.parts.changed(self.progress(), rank.progress() if rank is not None else None)
 
     def progress(self) -> JobProgress:
         """The job as it is now, for observers."""
@@ -267,6 +286,11 @@ class Watcher(EventLoop):
     def _start_ranks(self) -> None:
         """Fork every rank at its gate and ask the supervisor to contain it; the gates open
         when it said every rank is contained (`placed`: systemd moves after its reply)."""
+        try:
+            self.parts.before_attempt(self.attempt)  # may it start? (the GPUs' health gate)
+        except GpulaunchError as exc:  # as a failed start: the gang stops, the job ends
+            self.start_error = exc
+            return
         for index, rank in enumerate(self.ranks):
             self._on_signal()  # a big job: hear a SIGTERM between two forks, not after the last
             if self.interrupt is not None or self.stop_issued:
@@ -299,6 +323,8 @@ class Watcher(EventLoop):
             env.pop("GPULAUNCH_UNIT", None)
         env.update(self.recovery.rank_environment(self._errors.root))
         env.update(self.steps.environment())
+        setup = self.parts.rank_setup(rank.spec, self.attempt)  # a GPU lease's fds
+        env.update(setup.env)
         out = self.output
         env.update(rank_columns(env, (out.stdout.fd, out.stderr.fd, 0), self.spec.world_size))
 
@@ -309,7 +335,9 @@ class Watcher(EventLoop):
             self._watch(rank.child.pidfd, lambda: self._on_exit(rank))
 
         death = self.supervisor.parent_death_signal
-        live_out_r, live_err_r = fork_rank(rank, env, target, death, born, self.stdin.fd_for)
+        live_out_r, live_err_r = fork_rank(
+            rank, env, target, death, born, self.stdin.fd_for, setup.fds
+        )
         assert rank.pump is not None
         self.pump_pids.setdefault(rank.spec.rank, []).append(rank.pump.pid)
         self._watch(rank.pump.pidfd, self._pump_handler(rank))

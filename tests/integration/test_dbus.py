@@ -112,6 +112,25 @@ def test_busctl_shows_the_running_job(job: Job) -> None:
     assert_clean(job)
 
 
+def test_signal_reaches_every_rank_through_the_bus(job: Job) -> None:
+    """`gpulaunch signal` of a job on the bus: the publisher's Signal() sends through the
+    job's controls its `attach` was handed (gpulaunch/parts.py), to every rank; the job goes
+    on and ends as its ranks do (exit 0), not at the notice."""
+    proc = job.popen("--nproc", "2", script_args=["--until-usr1", "1"])
+    for rank in range(2):
+        job.wait_file(f"rank{rank}.ready")
+    res = gl(job, "signal", job.id, "USR1", timeout=60)
+    if res.returncode != 0:  # nothing else ends its ranks: stop the job, then fail
+        finish(job, proc)
+    assert res.returncode == 0, res.stderr
+    assert "SIGUSR1 sent to 2 rank(s)" in res.stderr, res.stderr
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    for rank in range(2):
+        assert len((job.dir / f"rank{rank}.usr1").read_text().split()) == 1
+    assert_clean(job)
+
+
 # -- signals -----------------------------------------------------------------------
 
 

@@ -198,7 +198,7 @@ def test_recorder_writes_the_watchers_report(tmp_path: Path) -> None:
             spec,
             SystemdSupervisor(FakeSystemd(), units),
             r.fileno(),
-            observers=[Recorder(send=sent.append)],
+            parts=[Recorder(send=sent.append)],
             runtime_dir=tmp_path,
         ).run()
     assert report.status == 3
@@ -222,7 +222,7 @@ def test_a_failed_start_is_recorded_too(tmp_path: Path) -> None:
             spec,
             SystemdSupervisor(FakeSystemd(start_result="failed"), units),
             r.fileno(),
-            observers=[Recorder(send=sent.append)],
+            parts=[Recorder(send=sent.append)],
             runtime_dir=tmp_path,
         ).run()
     entry = decode(sent[0])

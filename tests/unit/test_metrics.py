@@ -47,6 +47,7 @@ from gpulaunch.model import (
     RankState,
     StepInfo,
 )
+from gpulaunch.parts import Controls
 
 JOB = 'train "big"\\x'  # quotes and a backslash: escaped in label values
 
@@ -424,7 +425,7 @@ def test_the_observer_serves_the_newest_progress_and_closes() -> None:
     loop = asyncio.new_event_loop()
     try:
         first = progress()
-        observer.attach(first, lambda: None, loop)
+        observer.attach(first, Controls(lambda: None), loop)
         assert observer.server is not None
         port = observer.server.sock.getsockname()[1]
         assert said == [f"gpulaunch: job {JOB}: metrics at http://127.0.0.1:{port}/metrics"]
@@ -451,7 +452,7 @@ def test_the_end_leaves_no_connection_pending() -> None:
     loop = asyncio.new_event_loop()
     try:
         job = progress()
-        observer.attach(job, lambda: None, loop)
+        observer.attach(job, Controls(lambda: None), loop)
         assert observer.server is not None
         port = observer.server.sock.getsockname()[1]
 
@@ -481,7 +482,7 @@ def test_the_textfile_is_replaced_whole_and_removed_at_the_end(tmp_path: Path) -
     )
     loop = asyncio.new_event_loop()
     try:
-        observer.attach(progress(), lambda: None, loop)
+        observer.attach(progress(), Controls(lambda: None), loop)
         (written,) = list(tmp_path.iterdir())
         assert written.name == f"gpulaunch-{UnitNames.for_job(JOB).component}.prom"
         assert said == [f"gpulaunch: job {JOB}: metrics at {written}"]

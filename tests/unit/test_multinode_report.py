@@ -427,7 +427,7 @@ def run_recorded(tmp_path: Path, layout: Layout | None) -> tuple[dict[str, str],
             spec,
             SystemdSupervisor(FakeSystemd(), units),
             r.fileno(),
-            observers=[Recorder(send=sent.append)],
+            parts=[Recorder(send=sent.append)],
             runtime_dir=tmp_path,
         ).run()
     (data,) = sent

@@ -85,11 +85,12 @@ def _is_module(name: str) -> bool:
 
 
 def test_the_join_imports_what_the_run_imports() -> None:
-    """What _contain and _run import, and either supervisor they may choose: a new lazy
-    import there would otherwise be back on the way from the layout to the ranks."""
+    """What _contain, _parts and _run import, and either supervisor they may choose: a new
+    lazy import there would otherwise be back on the way from the layout to the ranks."""
     start, choose = ROOT / "gpulaunch/start.py", ROOT / "gpulaunch/supervisor/choose.py"
     joined = _lazy_imports(start, "_join")
     run = _lazy_imports(start, "_contain") | _lazy_imports(start, "_run")
+    run |= _lazy_imports(start, "_parts")
     run |= _lazy_imports(choose, "_direct") | _lazy_imports(choose, "_systemd")
     run -= {"gpulaunch.supervisor.choose"}  # start.py imports it at the top
     assert len(run) >= 8

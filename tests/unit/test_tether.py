@@ -7,6 +7,7 @@ import os
 import subprocess
 
 from gpulaunch.frontend.tether import FrontEndTether, identity
+from gpulaunch.parts import Controls
 
 
 def test_the_front_ends_end_stops_the_service() -> None:
@@ -15,7 +16,7 @@ def test_the_front_ends_end_stops_the_service() -> None:
     tether = FrontEndTether(identity(front_end.pid), lambda: stops.append("stop"))
     loop = asyncio.new_event_loop()
     try:
-        tether.attach(None, lambda: None, loop)  # type: ignore[arg-type]
+        tether.attach(None, Controls(lambda: None), loop)  # type: ignore[arg-type]
         loop.run_until_complete(asyncio.sleep(0.05))
         assert stops == []  # alive: nothing to do
         front_end.kill()
@@ -35,7 +36,8 @@ def stopped_at_once(front_end: str) -> bool:
     stops: list[str] = []
     loop = asyncio.new_event_loop()
     try:
-        FrontEndTether(front_end, lambda: stops.append("stop")).attach(None, lambda: None, loop)  # type: ignore[arg-type]
+        tether = FrontEndTether(front_end, lambda: stops.append("stop"))
+        tether.attach(None, Controls(lambda: None), loop)  # type: ignore[arg-type]
     finally:
         loop.close()
     return stops == ["stop"]

@@ -24,6 +24,7 @@ from gpulaunch.errors import (
     UnavailableError,
 )
 from gpulaunch.model import Cause, JobProgress, JobReport, Manager
+from gpulaunch.parts import Part
 from gpulaunch.supervisor.systemd import SystemdSupervisor
 from gpulaunch.supervisor.systemd_api import (
     ConnectionLost,
@@ -34,7 +35,6 @@ from gpulaunch.supervisor.systemd_api import (
 from gpulaunch.units.codec import Property
 from gpulaunch.watcher.errorfile import runtime_base
 from gpulaunch.watcher.loop import Watcher
-from gpulaunch.watcher.observers import Observer
 from gpulaunch.watcher.settle import LEFTOVER_S, Settle
 from tests.unit.fakes import _BEFORE, FakeSystemd, children, make_job, no_children_left, sh
 
@@ -372,8 +372,8 @@ class StopAtStart(FakeSystemd):
         return super().start_transient(name, properties, pids, aux)
 
 
-class Finishes(Observer):
-    """Records what the watcher's observers are told at the end (the journal record's)."""
+class Finishes(Part):
+    """Records what the job's parts are told at the end (the journal record's)."""
 
     def __init__(self) -> None:
         self.reports: list[JobReport] = []
@@ -392,7 +392,7 @@ def test_stop_of_the_job_while_its_units_are_made_is_an_interrupt(
     spec, units = make_job([sh("exit 0")])
     seen = Finishes()
     watcher = Watcher(
-        spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path, observers=[seen]
+        spec, SystemdSupervisor(sd, units), wakeup[0], runtime_dir=tmp_path, parts=[seen]
     )
     report = watcher.run()
     assert (report.status, report.cause) == (143, Cause.INTERRUPTED)
