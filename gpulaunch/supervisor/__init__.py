@@ -38,10 +38,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpulaunch.errors import GpulaunchError
 from gpulaunch.units.definitions import JobUnits
+
+if TYPE_CHECKING:
+    from gpulaunch.supervisor.keeper import KeeperLink
 
 # The watcher's way to run a callback when a file descriptor is readable: errors
 # raised by the callback reach the watcher's loop, never asyncio's logger.
@@ -93,6 +96,7 @@ class Supervisor(Protocol):
     name: str  # shown to users (the start line, `gpulaunch doctor`); never asked: see `can`
     can: Capabilities  # what it can do
     parent_death_signal: int  # PR_SET_PDEATHSIG of every process the watcher forks; 0: none
+    keeper: KeeperLink | None  # where `can.needs_keeper`: the watcher's keeper; else None
 
     def attach(
         self, loop: asyncio.AbstractEventLoop, watch: Watch, events: SupervisorEvents

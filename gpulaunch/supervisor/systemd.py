@@ -28,7 +28,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gpulaunch.errors import (
     GpulaunchError,
@@ -43,6 +43,9 @@ from gpulaunch.supervisor.systemd_api import ConnectionLost, JobDone, JobEvent, 
 from gpulaunch.units.codec import Property
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 
+if TYPE_CHECKING:
+    from gpulaunch.supervisor.keeper import KeeperLink
+
 T = TypeVar("T")
 # The path of a start job that ended while the connection was lost (`_lost_while_creating`).
 _SETTLED = "/gpulaunch/settled"
@@ -56,6 +59,7 @@ class SystemdSupervisor:
         makes_units=True, publishes_on_bus=True, needs_keeper=False, manager_limits=True
     )
     parent_death_signal = 0  # the rank scopes are BindsTo= the watcher's: systemd stops them
+    keeper: KeeperLink | None = None  # BindsTo= and the anchor outlive a killed watcher
 
     def __init__(
         self, systemd: SystemdAPI, units: JobUnits, warn: Callable[[str], None] | None = None

@@ -30,7 +30,6 @@ from gpulaunch.base.stdin import StdinRelay, fork_reader, others_line, relayable
 from gpulaunch.logs.output import Output
 from gpulaunch.model import Phase, RankState
 from gpulaunch.supervisor import Supervisor
-from gpulaunch.supervisor.direct import CgroupSupervisor, ProcessGroupSupervisor
 from gpulaunch.watcher.ranks import Rank
 
 if TYPE_CHECKING:
@@ -59,11 +58,7 @@ class RankStdin:
         if self.rank is None or not relayable(0):
             return
         source = 0
-        keeper = (
-            supervisor.keeper
-            if isinstance(supervisor, CgroupSupervisor | ProcessGroupSupervisor)
-            else None
-        )
+        keeper = supervisor.keeper
         if keeper is not None and os.isatty(0):  # we are not in the terminal's job: it is
             source, reader = fork_reader(os.getpgid(keeper.pid))
             self.readers = (reader,)
