@@ -46,7 +46,7 @@ from gpulaunch.watcher.outcome import job_report
 from gpulaunch.watcher.ranks import Rank, let_pumps_go
 from gpulaunch.watcher.rounds import next_round
 from gpulaunch.watcher.settle import Settle
-from gpulaunch.watcher.terminal import RankStdin, ctrl_c
+from gpulaunch.watcher.terminal import RankStdin, interrupt_ranks
 from gpulaunch.watcher.unmanaged import end_ranks
 
 
@@ -358,9 +358,18 @@ class Watcher(EventLoop):
             # too: that one is still the first signal, not a second interrupt.
             elif not self._signalled:
                 self._signalled = True
-                self._interrupted(signum, self.why_signalled(signum), stop=not ctrl_c(self, signum))
+                self._interrupted(signum, self.why_signalled(signum), stop=not self._ctrl_c(signum))
             else:
                 self._kill_now()
+
+    def _ctrl_c(self, signum: int) -> bool:
+        """The first SIGINT while the ranks run: passed on to them as SIGINT, as a terminal's
+        ^C under torchrun (watcher/terminal.py), True; any other interrupt, or one while they
+        start or stop, is the gang stop's (SIGTERM), False."""
+        if signum != signal.SIGINT or self.phase is not Phase.RUNNING:
+            return False
+        interrupt_ranks(self.ranks, self._aio, self.spec.grace_sec, self._kill_now)
+        return True
 
     def _preempt(self, signum: int) -> None:
         """The machine goes away: --preempt-grace for the ranks (watcher/notices.py)."""

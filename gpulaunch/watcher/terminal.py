@@ -24,16 +24,12 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 from gpulaunch.base.stdin import StdinRelay, fork_reader, others_line, relayable
 from gpulaunch.logs.output import Output
-from gpulaunch.model import Phase, RankState
+from gpulaunch.model import RankState
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.watcher.ranks import Rank
-
-if TYPE_CHECKING:
-    from gpulaunch.watcher.loop import Watcher
 
 
 class RankStdin:
@@ -95,15 +91,6 @@ class RankStdin:
         if self._null >= 0:
             os.close(self._null)
             self._null = -1
-
-
-def ctrl_c(watcher: Watcher, signum: int) -> bool:
-    """The first SIGINT while the ranks run: passed on to them as SIGINT, True; any other
-    interrupt, or one while they start or stop, is the gang stop's (SIGTERM), False."""
-    if signum != signal.SIGINT or watcher.phase is not Phase.RUNNING:
-        return False
-    interrupt_ranks(watcher.ranks, watcher._aio, watcher.spec.grace_sec, watcher._kill_now)
-    return True
 
 
 def interrupt_ranks(
