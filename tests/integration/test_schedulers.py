@@ -75,9 +75,11 @@ def test_a_killed_watchers_job_leaves_the_map(job: Job, supervisor: str) -> None
 
 
 def _child(pid: int) -> int:
-    """The one child of a host process: the direct supervisor's watcher, below its keeper."""
-    (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return int(child)
+    """The direct supervisor's watcher, below its keeper (host pids): the keeper's child that
+    runs gpulaunch (its other child is the sentinel, a plain `sh`: supervisor/sentinel.py)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    (watcher,) = [c for c in children if b"gpulaunch" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return int(watcher)
 
 
 def _message(path: Path) -> list[str]:
