@@ -45,6 +45,7 @@ from gpulaunch.plan.spec import (
 from gpulaunch.report import count, format_report
 from gpulaunch.resources.controllers import unenforced
 from gpulaunch.schedulers.observers import scheduler_observers
+from gpulaunch.schedulers.slurm import slurm_ends
 from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
@@ -356,6 +357,7 @@ def _parts(
             last_output=output.last_line_at,
             optional=unpublished,
         ),
+        *slurm_ends(os.environ),  # first to complete the report: which end Slurm's SIGTERM was
         *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map
         *metrics_observers(metrics, output.message),  # --metrics-*
         GpuPart(spec, job.lease, gate),  # its lease's fds, the gate at each restart, its use
