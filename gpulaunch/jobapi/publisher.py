@@ -242,6 +242,9 @@ class JobPublisher(Part):
         except DBusError as exc:
             await self._disconnect(bus)
             raise self._name_error(job, manager, exc) from None
+        except asyncio.CancelledError:  # the job ended during a reconnection: let go at once
+            self._drop(bus)
+            raise
         except BaseException:
             await self._disconnect(bus)
             raise
@@ -271,6 +274,15 @@ class JobPublisher(Part):
                 "use --user to run the job under your own user manager",
             )
         return AccessDeniedError(f"{where} refused to publish job {job!r}: {exc.text}")
+
+    @staticmethod
+    def _drop(bus: MessageBus) -> None:
+        """Let go of `bus` without waiting for its end: a cancelled reconnection (the job
+        ended) may not wait up to CONNECT_TIMEOUT for a bus whose daemon went away, longer
+        than `finished` has (parts.py's FINISH_TIMEOUT: else an internal error, no report)."""
+        forget(bus)
+        if bus.connected:
+            bus.disconnect()
 
     @staticmethod
     async def _disconnect(bus: MessageBus) -> None:
