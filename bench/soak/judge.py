@@ -277,7 +277,7 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
         reasons.append(f"`gpulaunch status` says {seen.state_after} after the watcher died")
     if _before_our_code(plan, seen):  # the signal won: nothing made, nothing reported
         return Verdict(**v, reasons=tuple(reasons))
-    if "Traceback (most recent call last)" in seen.stderr or "internal error" in seen.stderr:
+    if _own_traceback(seen.stderr):
         v["wrong_report"] = True
         reasons.append("a traceback or 'internal error' on stderr")
     if plan.fault is Fault.RESTART_SIGTERM and seen.acted:
@@ -319,6 +319,20 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
             v["wrong_report"] = True
             reasons.append(f"record {_show(seen.record)} but exit {seen.returncode}")
     return Verdict(**v, reasons=tuple(reasons))
+
+
+_RANK_LINE = re.compile(r"^\[\s*\d+\] ")  # gpulaunch/logs/output.py's prefix of a rank's line
+
+
+def _own_traceback(stderr: str) -> bool:
+    """A traceback or an internal error of gpulaunch's own, not one a rank printed: since
+    SIGINT reaches the ranks (issue 35, item 4), an interrupted Python rank prints its
+    KeyboardInterrupt, prefixed like all its lines (the report indents the error it quotes)."""
+    own = [line for line in stderr.splitlines() if not _RANK_LINE.match(line)]
+    return any(
+        line.startswith("Traceback (most recent call last)") or "internal error" in line
+        for line in own
+    )
 
 
 def _restart_lines(plan: JobPlan, stderr: str) -> list[str]:

@@ -286,3 +286,15 @@ def test_gpulaunch_stop_of_a_direct_job_is_an_interrupt() -> None:
     assert not judge(plan, seen(143, stopped)).failed
     assert judge(plan, seen(143, stopped, action_rc=69)).wrong_status
     assert judge(plan, seen(143, stopped, record=None)).missing_record
+
+
+def test_a_ranks_own_keyboardinterrupt_is_not_a_traceback_of_gpulaunch() -> None:
+    """Since a SIGINT reaches the ranks as SIGINT (issue 35, item 4) a Python rank prints
+    its KeyboardInterrupt, prefixed; gpulaunch's own traceback still counts."""
+    plan = plan_of(Fault.WATCHER_SIGINT, phase=Phase.RUNNING)
+    stopped = End(130, "interrupted", None)
+    rank = "[0] Traceback (most recent call last):\n[0]     time.sleep(1)\n[0] KeyboardInterrupt\n"
+    assert not judge(plan, seen(130, stopped, stderr=rank)).failed
+    own = 'Traceback (most recent call last):\n  File "/x/gpulaunch/cli.py", line 3\n'
+    assert judge(plan, seen(130, stopped, stderr=rank + own)).wrong_report
+    assert judge(plan, seen(130, stopped, stderr="gpulaunch: internal error: x\n")).wrong_report
