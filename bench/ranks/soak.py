@@ -9,6 +9,10 @@ takes about a second. SIGTERM ends it at once (default disposition).
 `--children N`: each rank first starts N processes of its own that sleep (as a
 dataloader's workers or a `subprocess` do) and stamps `children.<rank>` once they
 run; they carry the job's token in their environment, so the soak finds any left.
+
+`--hold S`: a rank told to stop (SIGTERM or SIGINT) stamps `term.<rank>`, ignores any
+further SIGTERM/SIGINT and exits 128+signal S seconds later, as a rank that saves a
+checkpoint first (the soak's restart-sigterm kind signals the watcher meanwhile).
 """
 
 import argparse
@@ -32,8 +36,22 @@ p.add_argument("--after", type=float, default=0.5)
 p.add_argument("--sleep", type=float, default=0.5)
 p.add_argument("--token", required=True)
 p.add_argument("--children", type=int, default=0)
+p.add_argument("--hold", type=float, default=0.0)
 args = p.parse_args()
 rank = int(os.environ["RANK"])
+
+
+def hold(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    write_stamp(args.dir, "term", rank, time.time())
+    time.sleep(args.hold)
+    os._exit(128 + signum)
+
+
+if args.hold:
+    signal.signal(signal.SIGTERM, hold)
+    signal.signal(signal.SIGINT, hold)
 kids = [
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     for _ in range(args.children)

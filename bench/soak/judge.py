@@ -42,6 +42,21 @@ The kinds added for issue 22 (what its items 1-3 and the README expect):
   report and record of an interruption, or one line (StoppedWhileStartingError) and a
   record of 143; never 141, 70 or 71.
 
+The kinds added for issue 35 (items 8, 11 and 5):
+
+- restart-sigterm: `--max-restarts 2`, a rank exits with a code that restarts, the others
+  take 1.5-3 s to stop, and the watcher gets SIGTERM while that restart's gang stop runs:
+  the interrupt wins, 143 and cause `interrupted` (with `--preempt-grace`: 79, cause
+  `preempted`), reported and recorded; nothing restarts ("restarting all ranks" is never
+  said), the terminal says once why not ("not restarting: the job was interrupted while
+  its ranks stopped"), and with `--preempt-grace` names the signal ("SIGTERM: preempted
+  while the ranks stop");
+- direct-pkill: the direct keeper and its watcher SIGKILLed together while ranks with
+  children run: the keeper dies of it, no record is required; nothing of the job is left
+  (the sentinel ends the job's cgroup) and `gpulaunch status` does not say it runs;
+- direct-stop: `gpulaunch stop JOB` of a direct job while it runs: 143, `interrupted`,
+  reported and recorded, and `gpulaunch stop` itself exits 0.
+
 A record is required wherever a report was printed (the watcher writes the record
 first) and wherever an end is expected with a report; its status, cause and cause rank
 must be the report's. "Missing record" counts the jobs whose required record is not in
@@ -57,6 +72,7 @@ from dataclasses import dataclass
 from bench.soak.plan import RESTARTS, WATCHER_SIGNALS, Fault, JobPlan, Phase
 
 START_FAILED = 71  # README: systemd refused or failed an operation
+PREEMPTED = 79  # README: preempted (--preempt-grace), requeue it
 # gpulaunch/__main__.py's line for a stop before the watcher's handlers (the same text)
 STOPPED_BEFORE_START = "gpulaunch: stopped by {name} before the job started (nothing was made)"
 # A watcher killed by SIGKILL writes no record: none is required, and none is looked at.
@@ -64,7 +80,14 @@ SIGKILLED_WATCHER = (
     Fault.WATCHER_SIGKILL,
     Fault.DIRECT_SIGKILL_CGROUP,
     Fault.DIRECT_SIGKILL_PGROUP,
+    Fault.DIRECT_PKILL,
 )
+STOPS = (Fault.SLICE_STOP, Fault.GPULAUNCH_STOP, Fault.DIRECT_STOP)
+STOP_COMMANDS = (Fault.GPULAUNCH_STOP, Fault.DIRECT_STOP)  # `gpulaunch stop` must exit 0
+# gpulaunch/recovery/policy.py's and watcher/notices.py's lines (restart-sigterm)
+RESTARTING = "restarting all ranks"
+NOT_RESTARTING = "not restarting: the job was interrupted while its ranks stopped"
+PREEMPTED_WHILE_STOPPING = "SIGTERM: preempted while the ranks stop"
 
 
 @dataclass(frozen=True)
@@ -142,7 +165,8 @@ class Verdict:
 
 
 _HEADLINE = re.compile(
-    r"^gpulaunch: job (?P<job>.*?) (?:(?P<ok>succeeded) \(|(?P<stop>stopped by) .*\(status "
+    r"^gpulaunch: job (?P<job>.*?) (?:(?P<ok>succeeded) \(|(?P<preempted>preempted) \(status "
+    r"(?P<s4>\d+):|(?P<stop>stopped by) .*\(status "
     r"(?P<s1>\d+)\)$|failed: rank (?P<rank>\d+) .*\(status (?P<s2>\d+)\)$|(?P<start>failed to "
     r"start) \(status (?P<s3>\d+)\)$)",
     re.MULTILINE,
@@ -157,6 +181,8 @@ def parse_headline(job: str, stderr: str) -> End | None:
             continue
         if m["ok"]:
             found = End(0, "succeeded", None)
+        elif m["preempted"]:
+            found = End(int(m["s4"]), "preempted", None)
         elif m["stop"]:
             found = End(int(m["s1"]), "interrupted", None)
         elif m["rank"] is not None:
@@ -187,13 +213,17 @@ def expected(plan: JobPlan, seen: Seen) -> list[Expect]:
         return [Expect(-signal.SIGKILL, "interrupted", report_status=128 + signal.SIGTERM)]
     if plan.fault in (Fault.USER_MANAGER_STOP, Fault.LOGOUT):
         return [Expect(128 + signal.SIGTERM, "interrupted")]
-    if plan.fault in (Fault.DIRECT_SIGKILL_CGROUP, Fault.DIRECT_SIGKILL_PGROUP):
+    if plan.fault is Fault.RESTART_SIGTERM and plan.preempt:
+        return [Expect(PREEMPTED, "preempted")]
+    if plan.fault is Fault.RESTART_SIGTERM:
+        return [Expect(128 + signal.SIGTERM, "interrupted")]
+    if plan.fault in SIGKILLED_WATCHER and plan.fault is not Fault.WATCHER_SIGKILL:
         return [Expect(-signal.SIGKILL, None, record=False)]
     if plan.fault is Fault.STOP_AT_START:
         return [Expect(128 + signal.SIGTERM, "interrupted"), Expect(128 + signal.SIGTERM, None)]
     if plan.fault is Fault.WATCHER_SIGKILL:
         return [Expect(-signal.SIGKILL, None, record=False)]
-    if plan.fault in (Fault.SLICE_STOP, Fault.GPULAUNCH_STOP):
+    if plan.fault in STOPS:
         return [Expect(128 + signal.SIGTERM, "interrupted")]
     signum = WATCHER_SIGNALS[plan.fault]
     ends = [Expect(128 + signum, "interrupted")]
@@ -247,10 +277,14 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
         reasons.append(f"`gpulaunch status` says {seen.state_after} after the watcher died")
     if _before_our_code(plan, seen):  # the signal won: nothing made, nothing reported
         return Verdict(**v, reasons=tuple(reasons))
-    if "Traceback (most recent call last)" in seen.stderr or "internal error" in seen.stderr:
+    if _own_traceback(seen.stderr):
         v["wrong_report"] = True
         reasons.append("a traceback or 'internal error' on stderr")
-    if plan.fault is Fault.GPULAUNCH_STOP and seen.acted and seen.action_rc != 0:
+    if plan.fault is Fault.RESTART_SIGTERM and seen.acted:
+        for why in _restart_lines(plan, seen.stderr):
+            v["wrong_report"] = True
+            reasons.append(why)
+    if plan.fault in STOP_COMMANDS and seen.acted and seen.action_rc != 0:
         v["wrong_status"] = True
         reasons.append(f"`gpulaunch stop` exited {seen.action_rc}, not 0")
     ends = expected(plan, seen)
@@ -285,6 +319,34 @@ def judge(plan: JobPlan, seen: Seen) -> Verdict:
             v["wrong_report"] = True
             reasons.append(f"record {_show(seen.record)} but exit {seen.returncode}")
     return Verdict(**v, reasons=tuple(reasons))
+
+
+_RANK_LINE = re.compile(r"^\[\s*\d+\] ")  # gpulaunch/logs/output.py's prefix of a rank's line
+
+
+def _own_traceback(stderr: str) -> bool:
+    """A traceback or an internal error of gpulaunch's own, not one a rank printed: since
+    SIGINT reaches the ranks (issue 35, item 4), an interrupted Python rank prints its
+    KeyboardInterrupt, prefixed like all its lines (the report indents the error it quotes)."""
+    own = [line for line in stderr.splitlines() if not _RANK_LINE.match(line)]
+    return any(
+        line.startswith("Traceback (most recent call last)") or "internal error" in line
+        for line in own
+    )
+
+
+def _restart_lines(plan: JobPlan, stderr: str) -> list[str]:
+    """What is wrong with the terminal's lines of an interrupted restart (restart-sigterm)."""
+    wrong = []
+    if RESTARTING in stderr:
+        wrong.append(f"{RESTARTING!r} after the SIGTERM during the gang stop")
+    if stderr.count(NOT_RESTARTING) != 1:
+        wrong.append(f"{NOT_RESTARTING!r} said {stderr.count(NOT_RESTARTING)} times, not once")
+    if plan.preempt and PREEMPTED_WHILE_STOPPING not in stderr:
+        wrong.append(f"no {PREEMPTED_WHILE_STOPPING!r}")
+    if not plan.preempt and "stopped by SIGTERM (status 143)" not in stderr:
+        wrong.append("the report does not name SIGTERM")
+    return wrong
 
 
 _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)', re.M)

@@ -38,6 +38,10 @@ class Fault(enum.StrEnum):
     DIRECT_SIGKILL_CGROUP = "direct-sigkill-cgroup"  # SIGKILL to its watcher (cgroup way)
     DIRECT_SIGKILL_PGROUP = "direct-sigkill-pgroup"  # the same, process groups (user, no cgroup)
     STOP_AT_START = "stop-at-start"  # `systemctl stop` of the job slice as its units are made
+    # The defects issue 35 fixed (items 5, 8, 11):
+    RESTART_SIGTERM = "restart-sigterm"  # SIGTERM to the watcher while a restart's gang stops
+    DIRECT_PKILL = "direct-pkill"  # the direct keeper and watcher SIGKILLed together (pkill -9)
+    DIRECT_STOP = "direct-stop"  # `gpulaunch stop JOB` of a direct job (its record file)
 
 
 FAULTS = tuple(Fault)
@@ -64,8 +68,15 @@ FRONTEND = (
 DIRECT = {
     Fault.DIRECT_SIGKILL_CGROUP: "direct-cgroup",
     Fault.DIRECT_SIGKILL_PGROUP: "direct-pgroup",
+    Fault.DIRECT_PKILL: "direct-cgroup",
+    Fault.DIRECT_STOP: "direct-cgroup",
 }
 LONG_S = 30.0  # ranks that should be stopped sleep this long; the hang bound is longer
+# restart-sigterm: restarts allowed (the gang stop is a restart's), and the variant with
+# `--preempt-grace` (then the SIGTERM is a preemption: 79); both longer than any hold.
+RESTART_OPTIONS = ("--max-restarts", "2")
+PREEMPT_OPTIONS = ("--preempt-grace", "15")
+NO_RESTART_CODE = 78  # gpulaunch/recovery/settings.py: an exit code that never restarts
 
 
 class Phase(enum.StrEnum):
@@ -75,6 +86,7 @@ class Phase(enum.StrEnum):
     RUNNING = "running"  # `offset` after every rank stamped `ready`
     AT_THE_END = "at-the-end"  # `offset` after the failing rank stamped `fault`
     UNITS = "units"  # `offset` after the job slice's cgroup appeared (the units being made)
+    GANG_STOP = "gang-stop"  # `offset` after a rank other than the failing one got its SIGTERM
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,8 @@ class JobPlan:
     phase: Phase | None  # of the outside action; None: there is none
     offset_s: float
     children: int = 0  # processes each rank starts and leaves running (its own children)
+    hold_s: float = 0.0  # a rank stopped (SIGTERM/SIGINT) takes this long to exit; 0: at once
+    options: tuple[str, ...] = ()  # gpulaunch start's own options beyond the usual ones
 
     @property
     def launcher(self) -> str:
@@ -104,7 +118,13 @@ class JobPlan:
             *("--code", str(self.code), "--after", f"{self.after_s:.3f}"),
             *("--sleep", f"{self.sleep_s:.3f}"),
             *(("--children", str(self.children)) if self.children else ()),
+            *(("--hold", f"{self.hold_s:.3f}") if self.hold_s else ()),
         ]
+
+    @property
+    def preempt(self) -> bool:
+        """Started with --preempt-grace: a SIGTERM to the watcher is a preemption."""
+        return PREEMPT_OPTIONS[0] in self.options
 
     def describe(self) -> str:
         """E.g. `2 ranks; rank 1 exit 37 after 0.42 s; SIGTERM to the watcher, running +0.10 s`."""
@@ -118,6 +138,10 @@ class JobPlan:
             )
         if self.children:
             what.append(f"{self.children} children per rank")
+        if self.hold_s:
+            what.append(f"a stopped rank exits {self.hold_s:.2f} s after its SIGTERM")
+        if self.options:
+            what.append(" ".join(self.options))
         if self.launcher != "systemd":
             what.append(f"launched {self.launcher}")
         if self.phase is not None:
@@ -147,6 +171,9 @@ OTHER_ACTIONS = {
     Fault.DIRECT_SIGKILL_CGROUP: "SIGKILL to the direct watcher",
     Fault.DIRECT_SIGKILL_PGROUP: "SIGKILL to the direct watcher",
     Fault.STOP_AT_START: "systemctl stop of the job slice",
+    Fault.RESTART_SIGTERM: "SIGTERM to the watcher",
+    Fault.DIRECT_PKILL: "SIGKILL to the direct keeper and watcher together",
+    Fault.DIRECT_STOP: "gpulaunch stop",
 }
 
 
@@ -237,6 +264,8 @@ def _draw_other(rng: random.Random, fault: Fault, base: dict[str, Any], after: f
             phase=phase,
             offset_s=_offset(rng, phase, after),
         )
+    if fault is Fault.RESTART_SIGTERM:
+        return _draw_restart(rng, base, after)
     if fault is Fault.STOP_AT_START:
         phase, offset = Phase.UNITS, rng.uniform(0, 0.15)  # issue 22, item 1's window
     else:
@@ -250,4 +279,25 @@ def _draw_other(rng: random.Random, fault: Fault, base: dict[str, Any], after: f
         phase=phase,
         offset_s=offset,
         children=children,
+    )
+
+
+def _draw_restart(rng: random.Random, base: dict[str, Any], after: float) -> JobPlan:
+    """restart-sigterm (issue 35, item 8): 2-3 ranks, one exits with a code that restarts;
+    the others hold 1.5-3 s after their SIGTERM, and the watcher's SIGTERM comes within
+    0.5 s of the first one's (well inside the hold: the gang still stops)."""
+    base = base | {"nproc": max(base["nproc"], 2)}  # a gang to stop besides the failed rank
+    if base["code"] == NO_RESTART_CODE:
+        base["code"] = NO_RESTART_CODE - 1
+    hold = rng.uniform(1.5, 3.0)
+    options = RESTART_OPTIONS + (PREEMPT_OPTIONS if rng.random() < 0.5 else ())
+    return JobPlan(
+        **base,
+        rank_fault="exit",
+        after_s=after,
+        sleep_s=LONG_S,
+        phase=Phase.GANG_STOP,
+        offset_s=rng.uniform(0, 0.5),
+        hold_s=hold,
+        options=options,
     )

@@ -6,6 +6,7 @@ short fixed interval, on purpose (bench/procs.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,6 +87,12 @@ def _start(plan: JobPlan, stamps: Path, scratch: Path, env: Mapping[str, str]) -
     """Start the plan's launcher: as root, as the front end's user, or direct in a cgroup."""
     args = ["--dir", str(stamps), *plan.rank_args()]
     script = launchers.rank_script("soak")
+    if plan.launcher == "systemd" and plan.options:  # gpulaunch start's own options first
+        token = launchers.new_token("soak")
+        argv = launchers.command(Launcher.SYSTEMD, plan.nproc, script, args, token)
+        at = argv.index("start") + 1
+        argv[at:at] = plan.options
+        return launchers.spawn(Launcher.SYSTEMD, token, argv, scratch, False, env)
     if plan.launcher == "systemd":
         return launchers.start(Launcher.SYSTEMD, plan.nproc, script, args, "soak", scratch,
                                extra_env=env)  # fmt: skip
@@ -182,6 +189,13 @@ def _wait_instant(plan: JobPlan, run: Run, stamps: Path, t0: float, deadline: fl
                 return False
             time.sleep(POLL_S / 10)  # the window is ~0.15 s wide
         at = time.monotonic() + plan.offset_s
+    elif plan.phase is Phase.GANG_STOP:  # any rank but the failed one told to stop
+        others = [stamps / f"term.{r}" for r in range(plan.nproc) if r != plan.fault_rank]
+        while not any(p.exists() for p in others):
+            if not _running(run) or time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_S)
+        at = time.monotonic() + plan.offset_s
     else:
         names = (
             [f"ready.{r}" for r in range(plan.nproc)]
@@ -210,6 +224,15 @@ def _act(
     if plan.fault is Fault.FRONTEND_SIGKILL:
         run.signal(signal.SIGKILL)
         return True, None
+    if plan.fault is Fault.RESTART_SIGTERM:
+        run.signal(signal.SIGTERM)
+        return True, None
+    if plan.fault is Fault.DIRECT_PKILL:  # as `pkill -9 -f gpulaunch`: both, the keeper first
+        watcher = _direct_watcher(run.pid)
+        for pid in dict.fromkeys((run.pid, watcher)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return True, None
     if plan.fault in (Fault.DIRECT_SIGKILL_CGROUP, Fault.DIRECT_SIGKILL_PGROUP):
         # `gpulaunch start` is the keeper there (supervisor/keeper.py): the watcher is its child
         os.kill(_direct_watcher(run.pid), signal.SIGKILL)
@@ -225,7 +248,7 @@ def _act(
         argv = ["systemctl", "--user", "--machine", f"{frontend.USER}@", "daemon-reexec"]
     elif plan.fault is Fault.LOGOUT:
         argv = ["loginctl", "terminate-user", frontend.USER]
-    elif plan.fault is Fault.GPULAUNCH_STOP:
+    elif plan.fault in (Fault.GPULAUNCH_STOP, Fault.DIRECT_STOP):
         argv = [str(launchers.BIN / "gpulaunch"), "stop", run.token]
     else:
         argv = ["systemctl", "restart", RESTARTS[plan.fault]]

@@ -117,6 +117,7 @@ class JobPublisher(Part):
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._lost_said = False  # the warning that the bus went away is said once
+        self._ended = False  # `finished` ran: no reconnection any more
         self._watching: asyncio.Task[None] | None = None  # notices the bus going away
         self._xml = ""
         self.name = ""
@@ -168,6 +169,7 @@ class JobPublisher(Part):
             except Exception as exc:  # the job's status matters more than its publication
                 self._warn(f"could not publish the end of the job on the bus: {exc!r}")
         watching, self._watching = self._watching, None
+        self._ended = True  # a reconnection whose cancel a library swallowed gives up too
         if watching is not None and not watching.done():
             watching.cancel()  # a reconnection in progress: too late now
             await asyncio.wait([watching])  # gone before the loop closes
@@ -210,7 +212,9 @@ class JobPublisher(Part):
 
     async def _publish_again(self) -> None:
         again = await self._reconnect()
-        if again is not None:
+        if again is not None and self._ended:  # connected as the job ended: too late
+            self._drop(again)
+        elif again is not None:
             # Whoever listens reads the properties afresh (their connections were lost too).
             self._sent = {name: value for name, (_, value) in self._view().properties().items()}
             self._serve(again)
@@ -219,7 +223,7 @@ class JobPublisher(Part):
         """Connect again and own the name; retry while the bus refuses us; None: give up."""
         assert self._job is not None
         delay = RETRY_FIRST
-        while True:
+        while not self._ended:
             try:
                 return await self._open(self._job.spec.job, self._job.spec.manager)
             except NoSystemdError:  # not back yet
@@ -229,8 +233,11 @@ class JobPublisher(Part):
                 return None
             except Exception:  # whatever a half-restarted daemon makes of us: try again
                 pass
+            if self._ended:  # cancelled, and the cancel came back as a failure to connect
+                break
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
+        return None
 
     async def _open(self, job: str, manager: Manager) -> MessageBus:
         bus = await connect(manager)
@@ -242,6 +249,9 @@ class JobPublisher(Part):
         except DBusError as exc:
             await self._disconnect(bus)
             raise self._name_error(job, manager, exc) from None
+        except asyncio.CancelledError:  # the job ended during a reconnection: let go at once
+            self._drop(bus)
+            raise
         except BaseException:
             await self._disconnect(bus)
             raise
@@ -271,6 +281,15 @@ class JobPublisher(Part):
                 "use --user to run the job under your own user manager",
             )
         return AccessDeniedError(f"{where} refused to publish job {job!r}: {exc.text}")
+
+    @staticmethod
+    def _drop(bus: MessageBus) -> None:
+        """Let go of `bus` without waiting for its end: a cancelled reconnection (the job
+        ended) may not wait up to CONNECT_TIMEOUT for a bus whose daemon went away, longer
+        than `finished` has (parts.py's FINISH_TIMEOUT: else an internal error, no report)."""
+        forget(bus)
+        if bus.connected:
+            bus.disconnect()
 
     @staticmethod
     async def _disconnect(bus: MessageBus) -> None:

@@ -12,12 +12,15 @@ do that write is a process that neither death takes along:
   forked log pumps, which die with it) hold: its end of file is the death of all of them.
 
 The watcher writes the job's cgroup once it made it (KeeperLink.tell); at end of file the
-sentinel writes `cgroup.kill` there, if the job's `watcher` cgroup is empty (neither keeper
+sentinel writes `cgroup.kill` there, once the job's `watcher` cgroup is empty (neither keeper
 nor watcher in it: no job of the same id that started since), then removes the cgroups
-(bounded: 5 s). A keeper that ends normally kills it first (it is the keeper's child), after
-having cleaned up itself. Where the job has no cgroup (process groups) it reads no line and
-exits. Whatever is left (a sentinel killed too) is ended by the next command that reads the
-job's record (jobapi/leftovers.py).
+(bounded: 5 s). It waits for that emptiness (bounded: 2 s): the pipe ends as the last of
+them closes its files, which the kernel does before it takes that process out of its cgroup
+(do_exit: exit_files, then cgroup_exit), so the first look may still see it there (the
+soak's direct-pkill kind found it). A keeper that ends normally kills it first (it is the
+keeper's child), after having cleaned up itself. Where the job has no cgroup (process
+groups) it reads no line and exits. Whatever is left (a sentinel killed too) is ended by
+the next command that reads the job's record (jobapi/leftovers.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import os
 
 SCRIPT = (
     "read -r G || exit 0; while read -r _; do :; done; "
-    'grep -qx "populated 0" "$G/watcher/cgroup.events" || exit 0; '
+    'i=0; until grep -qx "populated 0" "$G/watcher/cgroup.events"; do '
+    "[ $i -lt 40 ] || exit 0; sleep 0.05; i=$((i+1)); done; "
     'echo 1 > "$G/cgroup.kill"; i=0; '
     'while [ $i -lt 50 ]; do rmdir "$G"/*/ "$G" && exit 0; sleep 0.1; i=$((i+1)); done'
 )

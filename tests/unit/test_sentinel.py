@@ -6,6 +6,7 @@ gpulaunch` would match."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from gpulaunch.supervisor.sentinel import spawn_sentinel, tell_sentinel
@@ -41,6 +42,50 @@ def test_the_sentinel_ends_the_cgroup_when_its_pipe_ends(tmp_path: Path) -> None
 
 
 def test_the_sentinel_leaves_a_job_whose_watcher_cgroup_is_populated(tmp_path: Path) -> None:
-    """(a job of the same id started since: its watcher or keeper is there)"""
+    """(a job of the same id started since: its watcher or keeper is there, longer than the
+    sentinel waits for a dying watcher to leave it)"""
     _, code = run_sentinel(tmp_path / "gpulaunch-j", populated=1)
     assert code == 0 and not (tmp_path / "gpulaunch-j" / "cgroup.kill").exists()
+
+
+def test_the_sentinel_waits_for_the_last_to_die_to_leave_the_watcher_cgroup(
+    tmp_path: Path,
+) -> None:
+    """Issue 35 item 11, found by the soak's direct-pkill kind (3 of the ranks' children
+    left): the pipe ends as the last of the keeper and the watcher closes its files, before
+    the kernel takes it out of its cgroup, so the sentinel's first look can say `populated
+    1`. Here cgroup.events is first a FIFO that says so to the first look, then a file that
+    says `populated 0` to the next; cgroup.kill is a FIFO this test reads."""
+    job = tmp_path / "gpulaunch-j"
+    (job / "watcher").mkdir(parents=True)
+    events, kill = job / "watcher" / "cgroup.events", job / "cgroup.kill"
+    os.mkfifo(events)
+    os.mkfifo(kill)
+    before = children()
+    read_end, fd = os.pipe2(os.O_CLOEXEC)
+    spawn_sentinel(read_end)
+    (pid,) = children() - before
+    tell_sentinel(fd, str(job))
+    os.close(fd)
+    ended: list[int] = []
+
+    def reap() -> None:  # once the sentinel ended, release a FIFO open that waits for it
+        ended.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        for fifo, flags in ((events, os.O_RDONLY), (kill, os.O_WRONLY)):
+            try:
+                os.close(os.open(fifo, flags | os.O_NONBLOCK))
+            except OSError:  # no reader waits there (ENXIO), or it is gone
+                pass
+
+    reaper = threading.Thread(target=reap, daemon=True)
+    reaper.start()
+    # (returns once the sentinel's first look opened it: it reads this and nothing more)
+    events.write_text("populated 1\nfrozen 0\n")  # the dying watcher is still there
+    events.unlink()
+    events.write_text("populated 0\nfrozen 0\n")  # what its next look finds: it left
+    said = kill.read_text()  # (released by the reaper if the sentinel ended without a word)
+    assert said == "1\n", f"the sentinel gave up at its first look (exit {ended})"
+    events.unlink()
+    kill.unlink()  # what is left of the stand-in: the sentinel's rmdir can succeed
+    reaper.join(timeout=30)
+    assert ended == [0] and not job.exists()

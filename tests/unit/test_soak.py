@@ -226,3 +226,75 @@ def test_a_sigterm_before_the_watchers_handler_is_one_line_and_no_record() -> No
     # a SIGTERM once the job runs owes its report, whatever the phase
     late = plan_of(Fault.WATCHER_SIGTERM, phase=Phase.RUNNING)
     assert judge(late, seen(143, None, stderr=line + "\n")).failed
+
+
+def test_the_kinds_of_issue_35_are_drawn_and_launched_as_they_say() -> None:
+    restart = draw(3, 11, (Fault.RESTART_SIGTERM,))
+    assert restart == draw(3, 11, (Fault.RESTART_SIGTERM,)) and restart.launcher == "systemd"
+    assert restart.nproc >= 2 and restart.phase is Phase.GANG_STOP
+    assert "--hold" in restart.rank_args() and 1.5 <= restart.hold_s <= 3.0
+    assert restart.offset_s < restart.hold_s - 1.0  # the watcher's SIGTERM inside the hold
+    assert restart.options[:2] == ("--max-restarts", "2") and restart.code != 78
+    variants = {draw(3, i, (Fault.RESTART_SIGTERM,)).preempt for i in range(40)}
+    assert variants == {True, False}  # with and without --preempt-grace
+    for fault in (Fault.DIRECT_PKILL, Fault.DIRECT_STOP):
+        plan = draw(3, 11, (fault,))
+        assert plan.launcher == "direct-cgroup" and plan.children >= 1
+        assert plan.phase is Phase.RUNNING
+    assert "--hold" not in draw(3, 11, (Fault.SLICE_STOP,)).rank_args()  # old kinds: same
+
+
+def test_a_sigterm_during_a_restarts_gang_stop_wins_and_nothing_restarts() -> None:
+    """Issue 35, item 8: the failed rank's 3 and no word of the signal was what main did."""
+    plan = plan_of(Fault.RESTART_SIGTERM, options=("--max-restarts", "2"), code=3)
+    said = (
+        "gpulaunch: rank 1 exited 3; not restarting: the job was interrupted while its ranks "
+        f"stopped\ngpulaunch: job {JOB} stopped by SIGTERM (status 143)\n"
+    )
+    stopped = End(143, "interrupted", None)
+    assert not judge(plan, seen(143, stopped, stderr=said, rank_faulted=True)).failed
+    failed = End(3, "rank-failed", plan.fault_rank)
+    v = judge(plan, seen(3, failed, stderr="", rank_faulted=True))
+    assert v.wrong_status and v.wrong_report
+    restarted = said + "gpulaunch: restarting all ranks (restart 1 of 2)\n"
+    assert judge(plan, seen(143, stopped, stderr=restarted)).wrong_report
+    assert judge(plan, seen(143, stopped, stderr=said.splitlines()[1])).wrong_report
+    preempt = replace(plan, options=("--max-restarts", "2", "--preempt-grace", "15"))
+    line = f"gpulaunch: job {JOB} preempted (status 79: requeue it)"
+    assert parse_headline(JOB, line + "\n") == End(79, "preempted", None)
+    notice = "gpulaunch: SIGTERM: preempted while the ranks stop; nothing restarts\n"
+    ok = said.splitlines()[0] + "\n" + notice + line + "\n"
+    assert not judge(preempt, seen(79, End(79, "preempted", None), stderr=ok)).failed
+    assert judge(preempt, seen(143, stopped, stderr=said)).wrong_status
+    no_notice = said.splitlines()[0] + "\n" + line + "\n"
+    assert judge(preempt, seen(79, End(79, "preempted", None), stderr=no_notice)).wrong_report
+
+
+def test_the_direct_keeper_and_watcher_killed_together_leave_nothing() -> None:
+    """Issue 35, item 11: every rank's children stayed (pkill -9 -f gpulaunch)."""
+    plan = plan_of(Fault.DIRECT_PKILL)
+    assert not judge(plan, seen(-9, None, record=None)).failed
+    assert judge(plan, seen(-9, None, leaked_procs=4)).leaked_procs
+    assert judge(plan, seen(-9, None, leaked_units=("/sys/fs/cgroup/x",))).leaked_units
+    assert judge(plan, seen(-9, None, state_after="running")).wrong_report
+
+
+def test_gpulaunch_stop_of_a_direct_job_is_an_interrupt() -> None:
+    """Issue 35, item 5: `gpulaunch stop` of a direct job exited 69."""
+    plan = plan_of(Fault.DIRECT_STOP)
+    stopped = End(143, "interrupted", None)
+    assert not judge(plan, seen(143, stopped)).failed
+    assert judge(plan, seen(143, stopped, action_rc=69)).wrong_status
+    assert judge(plan, seen(143, stopped, record=None)).missing_record
+
+
+def test_a_ranks_own_keyboardinterrupt_is_not_a_traceback_of_gpulaunch() -> None:
+    """Since a SIGINT reaches the ranks as SIGINT (issue 35, item 4) a Python rank prints
+    its KeyboardInterrupt, prefixed; gpulaunch's own traceback still counts."""
+    plan = plan_of(Fault.WATCHER_SIGINT, phase=Phase.RUNNING)
+    stopped = End(130, "interrupted", None)
+    rank = "[0] Traceback (most recent call last):\n[0]     time.sleep(1)\n[0] KeyboardInterrupt\n"
+    assert not judge(plan, seen(130, stopped, stderr=rank)).failed
+    own = 'Traceback (most recent call last):\n  File "/x/gpulaunch/cli.py", line 3\n'
+    assert judge(plan, seen(130, stopped, stderr=rank + own)).wrong_report
+    assert judge(plan, seen(130, stopped, stderr="gpulaunch: internal error: x\n")).wrong_report
