@@ -9,7 +9,8 @@ tests/integration/test_slurm_ends.py runs the three):
 - requeued: `Restarts=` is already past the run's own `SLURM_RESTART_COUNT` (the
   controller counted the requeue before it signalled this run);
 - time limit: `Reason=TimeLimit` (or `RunTime=` has reached `TimeLimit=`);
-- cancelled: neither (`JobState=COMPLETING` or `CANCELLED`, the end time now).
+- cancelled: neither, and the job ending (`JobState=COMPLETING` or `CANCELLED`); a job
+  still RUNNING got a notice (`scancel --signal`, `--signal=B:TERM@S`), not an end.
 
 Where `scontrol` does not answer, `SLURM_JOB_END_TIME` (set by newer Slurm) tells a time
 limit from the rest, and a signal that is neither stays what it was.
@@ -82,7 +83,9 @@ def classify(scontrol: str | None, env: Mapping[str, str], now: float) -> SlurmE
             return SlurmEnd.TIME_LIMIT
         if ran is not None and limit is not None and ran >= limit:
             return SlurmEnd.TIME_LIMIT
-        return SlurmEnd.CANCELLED
+        if fields.get("JobState") in ("CANCELLED", "COMPLETING"):
+            return SlurmEnd.CANCELLED
+        return None  # the job runs on: a notice (`scancel --signal`, `--signal=B:TERM@S`)
     end = env.get("SLURM_JOB_END_TIME", "")
     if end.isdigit() and now >= int(end) - TIME_LIMIT_MARGIN:
         return SlurmEnd.TIME_LIMIT

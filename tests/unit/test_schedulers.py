@@ -160,6 +160,7 @@ SLURM = {"SLURM_JOB_ID": "3"}
         (None, {**SLURM, "SLURM_JOB_END_TIME": "1000"}, SlurmEnd.TIME_LIMIT),
         (None, {**SLURM, "SLURM_JOB_END_TIME": "9000"}, None),
         (SCANCEL, {}, None),  # not in Slurm
+        (SCANCEL.replace("COMPLETING", "RUNNING"), SLURM, None),  # a notice: the job goes on
     ],
 )
 def test_why_slurm_sent_sigterm(
