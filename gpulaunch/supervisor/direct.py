@@ -184,7 +184,7 @@ class CgroupSupervisor(_Direct):
             self.keeper.tell(cgroup=str(self.job.path), own=str(self.own.path))
         try:
             self.watcher.make()
-            for pid in (*watcher_pids, *((self.keeper.pid,) if self.keeper else ())):
+            for pid in (*watcher_pids, *(self.keeper.companions() if self.keeper else ())):
                 self.watcher.add(pid)
             self._enable_limits()
         except OSError as exc:

@@ -81,6 +81,16 @@ class KeeperLink:
         if "cgroup" in message:
             tell_sentinel(self.sentinel, str(message["cgroup"]))
 
+    def companions(self) -> tuple[int, ...]:
+        """The keeper and its other children (the sentinel): the processes that share the
+        watcher's cgroup before it makes the job's, and must leave it with the watcher (a
+        cgroup with processes of its own cannot hand controllers to its children)."""
+        try:
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        except OSError:
+            children = []
+        return (self.pid, *(int(c) for c in children if int(c) != os.getpid()))
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
