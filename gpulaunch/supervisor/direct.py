@@ -184,7 +184,7 @@ class CgroupSupervisor(_Direct):
             self.keeper.tell(cgroup=str(self.job.path), own=str(self.own.path))
         try:
             self.watcher.make()
-            for pid in (*watcher_pids, *(self.keeper.companions() if self.keeper else ())):
+            for pid in (*watcher_pids, *self._keepers()):
                 self.watcher.add(pid)
             self._enable_limits()
         except OSError as exc:
@@ -205,6 +205,19 @@ class CgroupSupervisor(_Direct):
         if not remove_tree(self.job):
             raise FileExistsError(self.job.path)
         self.job.make()
+
+    def _keepers(self) -> tuple[int, ...]:
+        """The keeper, and where limits are asked for its sentinel too: a process left in our
+        own cgroup keeps it from handing controllers to the job's (EBUSY). The sentinel then
+        sits in the job's `watcher` cgroup and, once keeper and watcher are gone, cannot end
+        the job's cgroup itself: the next command's sweep does (jobapi/leftovers.py). Without
+        limits it stays beside the keeper and ends it (supervisor/sentinel.py)."""
+        if self.keeper is None:
+            return ()
+        limits = self.spec.memory_max or self.spec.job_memory_max
+        if limits or any(r.cpus for r in self.spec.ranks):
+            return self.keeper.companions()
+        return (self.keeper.pid,)
 
     def _enable_limits(self) -> None:
         """memory and cpuset for the rank cgroups, when asked for and the kernel allows."""
