@@ -44,6 +44,54 @@ class _Parser(argparse.ArgumentParser):
             )
         raise UsageError(message, f"see '{self.prog} --help'")
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """A script's arguments are the script's: `start ... train.py --preempt` passes
+        `--preempt` on, though argparse alone would read it as an abbreviation of ours
+        (and stop at "ambiguous option")."""
+        words = list(sys.argv[1:] if args is None else args)
+        at = _script_at(self, words)
+        if at is None:
+            return super().parse_known_args(words, namespace)
+        parsed, extra = super().parse_known_args(words[: at + 1], namespace)
+        parsed.args = words[at + 1 :]
+        return parsed, extra
+
+
+def _script_at(parser: argparse.ArgumentParser, words: list[str]) -> int | None:
+    """Where the script is among `words`, for a parser with a script; None where there
+    is none, or where argparse should say what is wrong before it."""
+    if not any(a.dest == "script" for a in parser._actions if not a.option_strings):
+        return None
+    options = parser._option_string_actions
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return i + 1 if i + 1 < len(words) else None
+        if word == "-" or not word.startswith("-"):
+            return i
+        name, eq, _ = word.partition("=")
+        action = options.get(name)
+        if action is None and name.startswith("--"):
+            found = {id(a): a for s, a in options.items() if s.startswith(name)}
+            action = next(iter(found.values())) if len(found) == 1 else None
+        elif action is None and not eq and options.get(word[:2]) is not None:
+            action, eq = options[word[:2]], "="  # -n4: the value is attached
+        if action is None:
+            return None
+        i += 1
+        if eq or action.nargs == 0:
+            continue
+        if action.nargs == "?":
+            i += i < len(words) and not words[i].startswith("-")
+        elif isinstance(action.nargs, int) or action.nargs is None:
+            i += 1 if action.nargs is None else action.nargs
+        else:
+            return None
+    return None
+
 
 def _start_exit_codes() -> str:
     """For `start --help`: the table of gpulaunch/errors.py, as the README has it."""

@@ -150,3 +150,36 @@ def test_a_forgotten_start_is_named(
         f"' is not a command; did you mean `{meant}`?\n"
     ), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "nproc", "script", "rest"),
+    [
+        (["--nproc", "2", "train.py", "--preempt"], 2, "train.py", ["--preempt"]),
+        (
+            ["--nproc=2", "train.py", "--nproc", "9", "--pre"],
+            2,
+            "train.py",
+            ["--nproc", "9", "--pre"],
+        ),
+        (["--nproc", "2", "-d", "--", "-x.py", "--help"], 2, "-x.py", ["--help"]),
+        (["--nproc", "3", "--no-python", "train.py"], 3, "train.py", []),
+        (["--nproc", "4", "--max-r", "1", "train.py", "-d"], 4, "train.py", ["-d"]),
+    ],
+)
+def test_what_follows_the_script_is_the_scripts(
+    argv: list[str], nproc: int, script: str, rest: list[str]
+) -> None:
+    """`start ... train.py --preempt` failed as "ambiguous option: --preempt could match
+    --preempt-grace, ..." (tests/vm/test_termination.py found it): the script's words are
+    its own, whatever they abbreviate of ours."""
+    args = cli.build_parser().parse_args(["start", *argv])
+    assert (args.nproc, args.script, args.args) == (nproc, script, rest)
+
+
+def test_an_ambiguous_option_before_the_script_is_still_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["start", "--preempt", "train.py"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "ambiguous option: --preempt" in err, err
