@@ -177,7 +177,8 @@ def test_without_preempt_grace_sigterm_stops_as_ever(
 # Rank 1 takes its time to stop (its SIGTERM handler writes term.1, then 0.5 s of work);
 # rank 0 fails with exit 3 once rank 1 runs: a restart is due while the gang stops.
 SLOW_STOP = (
-    "trap 'touch {dir}/term.1; sleep 0.5; exit 0' TERM; touch {dir}/ready.1; sleep 60 & wait"
+    "trap 'touch {dir}/term.1; sleep 0.5; kill $!; exit 0' TERM; "
+    "touch {dir}/ready.1; sleep 60 & wait"
 )
 FAIL_AFTER = "while [ ! -e {dir}/ready.1 ]; do sleep 0.01; done; echo 0 >> {dir}/attempts; exit 3"
 
