@@ -350,7 +350,14 @@ def _parts(
         *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
         timeline,  # before the records: the report they write has its goodput
         *(
-            (FileRecorder(warn, cgroup=job_cgroup(contained.chosen), keeper=contained.keeper),)
+            (
+                FileRecorder(
+                    warn,
+                    cgroup=job_cgroup(contained.chosen),
+                    keeper=contained.keeper,
+                    goodput=timeline.now,
+                ),
+            )
             if unpublished
             else ()
         ),

@@ -5,8 +5,10 @@ first attempt; --max-restarts 1 restarts both from their checkpoints (step 30); 
 60 they wait 8 s and exit 0. Each rank
 writes its own truth (the CLOCK_MONOTONIC time of each step, checkpoint and its failure:
 scripts/goodput_rank.py). The job's ETTR and the time its failure cost, in the metrics
-while it runs, then in `status --json`, the record and the report, are within 2 % of what
-the truth says by the definitions of docs/progress.md ("Goodput").
+and `status --json` (the bus) while it runs, then in `status --json`, the record and the
+report, are within 2 % of what
+the truth says by the definitions of docs/progress.md ("Goodput"); `status` and `list --all`
+show it.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def test_ettr_and_lost_work_match_the_script_s_own_truth(job: Job) -> None:
         # (channel.py: at most NOTIFY_EVERY, 1 s, after it), so the failure's cost is known
         wait_until(lambda: stepped_for(events(job), 1) >= 1.5, 120, "attempt 1's steps")
         live = samples(scrape(job, found.group(1))[1])
+        running = gl(job, "status", job.id, "--json", timeout=60)  # from the bus
+        shown = gl(job, "status", job.id, timeout=60).stdout
         _, err = proc.communicate(timeout=120)
     finally:
         code, err2 = finish(job, proc)  # (a failed wait: stopped)
@@ -100,6 +104,11 @@ def test_ettr_and_lost_work_match_the_script_s_own_truth(job: Job) -> None:
     assert live_lost is not None and near(live_lost, lost), (live_lost, lost)
     ratio = value(live, "gpulaunch_job_goodput_ratio")
     assert ratio is not None and 0 < ratio < 1, live
+    # status of the running job, from its watcher on the bus
+    assert running.returncode == 0, running.stderr
+    so_far = json.loads(running.stdout)["goodput"]
+    assert near(so_far["lost_seconds"], lost) and so_far["failures"][0]["restart"] > 0, so_far
+    assert "goodput " in shown and "1 failure lost" in shown, shown
 
     # status --json (the record, read back), the record itself, the report
     res = gl(job, "status", job.id, "--json", timeout=60)
@@ -123,6 +132,9 @@ def test_ettr_and_lost_work_match_the_script_s_own_truth(job: Job) -> None:
     assert "goodput " in err and "failure of attempt 1: lost " in err, err  # the report
     text = gl(job, "status", job.id, timeout=60).stdout
     assert "goodput " in text and "(ETTR)" in text, text
+    listed = gl(job, "list", "--all", timeout=60).stdout
+    row = next(line.split() for line in listed.splitlines() if line.startswith(job.id + " "))
+    assert row[4] == f"{100 * g['ettr']:.1f}%", listed  # its GOODPUT column
     assert_clean(job)
 
 
@@ -134,3 +146,6 @@ def test_a_job_whose_ranks_report_no_steps_says_so(job: Job) -> None:
     out = gl(job, "status", job.id, "--json", timeout=60)
     assert json.loads(out.stdout)["goodput"] is None, out.stdout
     assert "GPULAUNCH_GOODPUT" not in job.record()
+    listed = gl(job, "list", "--all", timeout=60).stdout
+    row = next(line.split() for line in listed.splitlines() if line.startswith(job.id + " "))
+    assert row[4] == "-", listed  # no goodput, never a number
