@@ -230,7 +230,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         for line in final_steps(view.ranks):  # what the ranks said of their steps, if any
             print("  " + line)
         if not view.restarts:  # (the report has it after its restarts)
-            print("\n".join("  " + line for line in goodput_lines(view.goodput)))
+            print("\n".join("  " + line for line in _goodput(view)))
     else:
         print(_live(view))
         if sample is not None:
@@ -381,8 +381,16 @@ def _live(view: JobView) -> str:
     if view.node_failure is not None:
         lines.append(f"  the job's first failure: {view.node_failure.describe()}")
     lines += ["  " + line for line in format_table(rows).splitlines()]
-    lines += ["  " + line for line in goodput_lines(view.goodput)]
+    lines += ["  " + line for line in _goodput(view)]
     return "\n".join(lines + ["  " + line for line in status_lines(view.ranks)])
+
+
+def _goodput(view: JobView) -> list[str]:
+    """Its goodput's lines; none where ranks stepped but no goodput came with them (a record
+    or a watcher of an older gpulaunch): "no steps reported" would not be true."""
+    if view.goodput is None and any(r.steps is not None for r in view.ranks):
+        return []
+    return goodput_lines(view.goodput)
 
 
 def _running_for(view: JobView, pid: int | None) -> str:
