@@ -245,6 +245,9 @@ class StepInfo:
     step_seconds: float | None  # the recent mean time of one step
     straggler: bool = False  # its step time stays above the others' (--straggler-*)
     straggled: int = 0  # how many times it was flagged a straggler (this attempt)
+    first_at: float | None = None  # CLOCK_MONOTONIC of its first step report (this attempt)
+    checkpoint: int | None = None  # the step of its last checkpoint notice (this attempt)
+    checkpoint_at: float | None = None  # CLOCK_MONOTONIC of that notice
 
     def eta_seconds(self) -> float | None:
         """Seconds until `total` at the current rate, where both are known."""
@@ -378,6 +381,96 @@ class GpuUse:
 
 
 @dataclass(frozen=True)
+class Loss:
+    """What one failure cost, in seconds (docs/progress.md, "Goodput", defines each part).
+
+    `attempt`: the attempt that failed (0: the first). `redone`: its steps after its last
+    checkpoint (done again after the restart); `detection`: from its last step to the
+    failure seen; `stop`: from then to its gang gone; `restart`: from then to the next
+    attempt's first step (None: no attempt stepped after it)."""
+
+    attempt: int
+    redone: float
+    detection: float
+    stop: float
+    restart: float | None
+
+    @property
+    def total(self) -> float:
+        return self.redone + self.detection + self.stop + (self.restart or 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total}
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """A job's goodput on this node (gpulaunch/progress/goodput.py): its effective training
+    time ratio (ETTR) and what each failure cost, in seconds of CLOCK_MONOTONIC.
+
+    `wall`: from the start line to the end (or now); `productive`: the time in which the
+    ranks made steps that were kept; `startup`: from the start line to the first step.
+    `checkpoints`: whether any rank said a checkpoint was written (without, a restart
+    starts over: every step of a failed attempt is redone)."""
+
+    wall: float
+    productive: float
+    startup: float
+    losses: tuple[Loss, ...] = ()
+    checkpoints: bool = False
+
+    @property
+    def lost(self) -> float:
+        return sum(loss.total for loss in self.losses)
+
+    @property
+    def ratio(self) -> float:
+        """ETTR: productive over wall time (0 to 1)."""
+        return self.productive / self.wall if self.wall > 0 else 0.0
+
+    def describe(self) -> str:
+        """`goodput 91.2 % (ETTR): 54.70s of 1m00s in steps kept; 2 failures lost 4.10s`."""
+        text = (
+            f"goodput {100 * self.ratio:.1f} % (ETTR): {format_duration(self.productive)} of "
+            f"{format_duration(self.wall)} in steps kept"
+        )
+        if self.losses:
+            n = len(self.losses)
+            text += f"; {n} failure{'s' if n > 1 else ''} lost {format_duration(self.lost)}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ettr": round(self.ratio, 6),
+            "wall_seconds": round(self.wall, 6),
+            "productive_seconds": round(self.productive, 6),
+            "startup_seconds": round(self.startup, 6),
+            "lost_seconds": round(self.lost, 6),
+            "checkpoints": self.checkpoints,
+            "failures": [loss.to_dict() for loss in self.losses],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Goodput:
+        return cls(
+            wall=float(data["wall_seconds"]),
+            productive=float(data["productive_seconds"]),
+            startup=float(data["startup_seconds"]),
+            losses=tuple(
+                Loss(
+                    attempt=int(f["attempt"]),
+                    redone=float(f["redone"]),
+                    detection=float(f["detection"]),
+                    stop=float(f["stop"]),
+                    restart=None if f.get("restart") is None else float(f["restart"]),
+                )
+                for f in data.get("failures", ())
+            ),
+            checkpoints=bool(data.get("checkpoints", False)),
+        )
+
+
+@dataclass(frozen=True)
 class LogFileGap:
     """A `--log-dir` file that stopped being written (a full disk, an I/O error)."""
 
@@ -411,6 +504,7 @@ class JobReport:
     stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (leases/accounting.py)
     recovery: str | None = None  # why the gang was not restarted (gpulaunch/recovery/)
+    goodput: Goodput | None = None  # ETTR and what failures cost (None: no steps reported)
 
 
 @dataclass(frozen=True)

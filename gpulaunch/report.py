@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from gpulaunch.base.protocol import Layout
 from gpulaunch.model import (
     Cause,
+    Goodput,
     GpuUse,
     JobReport,
     RankResult,
@@ -167,6 +168,7 @@ def format_report(report: JobReport) -> str:
         lines.append(
             f"gpulaunch: the ranks were restarted {count(report.restarts, 'time')} (--max-restarts)"
         )
+        lines += goodput_lines(report.goodput)
     if report.recovery:  # why they were not restarted (gpulaunch/recovery/)
         lines.append(report.recovery)
     for r in report.ranks:
@@ -222,6 +224,26 @@ def format_report(report: JobReport) -> str:
             "journal have them"
         )
     return "\n".join(lines)
+
+
+NO_STEPS = "goodput: no steps reported"  # never a made-up number (docs/progress.md)
+
+
+def goodput_lines(goodput: Goodput | None) -> list[str]:
+    """The job's goodput and what each failure cost; or that no rank reported a step."""
+    if goodput is None:
+        return [NO_STEPS]
+    lines = [goodput.describe()]
+    for loss in goodput.losses:
+        restart = "not restarted" if loss.restart is None else f"restart {loss.restart:.2f}s"
+        lines.append(
+            f"  failure of attempt {loss.attempt + 1}: lost {loss.total:.2f}s (redone "
+            f"{loss.redone:.2f}s, detection {loss.detection:.2f}s, stop {loss.stop:.2f}s, "
+            f"{restart})"
+        )
+    if goodput.losses and not goodput.checkpoints:
+        lines.append("  (no rank reported a checkpoint: a restart counts as starting over)")
+    return lines
 
 
 def gpu_lines(use: GpuUse) -> list[str]:

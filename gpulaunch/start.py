@@ -337,17 +337,27 @@ def _parts(
     from gpulaunch.jobapi.filerecord import FileRecorder
     from gpulaunch.jobapi.publisher import JobPublisher
     from gpulaunch.jobapi.record import Recorder
+    from gpulaunch.progress.timeline import Timeline
 
     def warn(text: str) -> None:
         output.message(f"gpulaunch: warning: {text}")
 
     spec, unpublished = job.spec, contained.unpublished
+    timeline = Timeline()  # the job's goodput (progress/timeline.py), for the others to show
     # the records first: Finished says they exist. Without systemd, a record file too,
     # and a bus is welcome but not needed.
     return [
         *tether_observers(entry.front_end, spec),  # first: a front end gone before it began
+        timeline,  # before the records: the report they write has its goodput
         *(
-            (FileRecorder(warn, cgroup=job_cgroup(contained.chosen), keeper=contained.keeper),)
+            (
+                FileRecorder(
+                    warn,
+                    cgroup=job_cgroup(contained.chosen),
+                    keeper=contained.keeper,
+                    goodput=timeline.now,
+                ),
+            )
             if unpublished
             else ()
         ),
@@ -356,10 +366,11 @@ def _parts(
             warn=(lambda _: None) if entry.no_bus else warn,  # the no-bus line said it
             last_output=output.last_line_at,
             optional=unpublished,
+            goodput=timeline.now,
         ),
         *slurm_ends(os.environ),  # first to complete the report: which end Slurm's SIGTERM was
         *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map
-        *metrics_observers(metrics, output.message),  # --metrics-*
+        *metrics_observers(metrics, output.message, timeline.now),  # --metrics-*
         GpuPart(spec, job.lease, gate),  # its lease's fds, the gate at each restart, its use
         _StartLine(spec, contained, output, detached, job.draft.opts),
     ]

@@ -7,10 +7,14 @@
 
 Every rank reports `trainer.global_step` after each optimizer step (accumulated batches
 repeat it: only a new step is sent) with the run's total
-(`trainer.estimated_stepping_batches`) for an ETA, `READY=1` when training starts, and
-its epoch as `STATUS=`. Under gpulaunch, `gpulaunch status`/`top` show them and
---hang-timeout counts steps (docs/progress.md); run by anything else the callback does
-nothing. This module imports Lightning: only a training script imports it.
+(`trainer.estimated_stepping_batches`) for an ETA, `READY=1` when training starts, its
+epoch as `STATUS=`, and each checkpoint it saved (`checkpoint(step)`, for the job's
+goodput). Lightning calls `on_save_checkpoint` while it builds the checkpoint, before the
+file is written: the notice goes out at the next batch's start (or the end of training),
+once the save returned, so that it never says a step is safe that is not. Under gpulaunch,
+`gpulaunch status`/`top` show them and --hang-timeout counts steps (docs/progress.md); run
+by anything else the callback does nothing. This module imports Lightning: only a training
+script imports it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,25 @@ class GpulaunchProgress(pl.Callback):
 
     def __init__(self) -> None:
         self._last = -1
+        self._saving: int | None = None  # the step of a checkpoint being saved
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._saving = trainer.global_step
+
+    def _saved(self) -> None:
+        if self._saving is not None:
+            progress.checkpoint(self._saving)
+            self._saving = None
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._saved()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._saved()
 
     def _total(self, trainer: pl.Trainer) -> int | None:
         try:

@@ -32,7 +32,7 @@ from gpulaunch.jobapi import filerecord, record, whose
 from gpulaunch.jobapi.stepview import STEP_HEADER, final_steps, status_lines, step_cells
 from gpulaunch.jobapi.view import JobView, bus_title
 from gpulaunch.model import Manager, format_duration
-from gpulaunch.report import count, format_report, format_table, nodes_line
+from gpulaunch.report import count, format_report, format_table, goodput_lines, nodes_line
 
 if TYPE_CHECKING:
     from gpulaunch.jobapi.client import JobClient, WaitResult
@@ -169,7 +169,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not views:
         print(f"gpulaunch: no jobs on {where}", file=sys.stderr)
         return 0
-    rows = [("JOB", "STATE", "RANKS", "STATUS", "SLICE", "ENDED")]
+    rows = [("JOB", "STATE", "RANKS", "STATUS", "GOODPUT", "SLICE", "ENDED")]
     for v in views:
         rows.append(
             (
@@ -177,6 +177,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 v.state.value,
                 str(v.world_size),
                 str(v.status) if v.status >= 0 else "-",
+                "-" if v.goodput is None else f"{100 * v.goodput.ratio:.1f}%",
                 v.slice,
                 _when(v.ended_at) if v.ended_at else "-",
             )
@@ -228,6 +229,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(format_report(view.report()) + f"\n  ({where}, {held}{ended})")
         for line in final_steps(view.ranks):  # what the ranks said of their steps, if any
             print("  " + line)
+        if not view.restarts:  # (the report has it after its restarts)
+            print("\n".join("  " + line for line in _goodput(view)))
     else:
         print(_live(view))
         if sample is not None:
@@ -378,7 +381,16 @@ def _live(view: JobView) -> str:
     if view.node_failure is not None:
         lines.append(f"  the job's first failure: {view.node_failure.describe()}")
     lines += ["  " + line for line in format_table(rows).splitlines()]
+    lines += ["  " + line for line in _goodput(view)]
     return "\n".join(lines + ["  " + line for line in status_lines(view.ranks)])
+
+
+def _goodput(view: JobView) -> list[str]:
+    """Its goodput's lines; none where ranks stepped but no goodput came with them (a record
+    or a watcher of an older gpulaunch): "no steps reported" would not be true."""
+    if view.goodput is None and any(r.steps is not None for r in view.ranks):
+        return []
+    return goodput_lines(view.goodput)
 
 
 def _running_for(view: JobView, pid: int | None) -> str:

@@ -40,7 +40,7 @@ from pathlib import Path
 from gpulaunch.jobapi.procid import Identity, node_name
 from gpulaunch.jobapi.record import fields, parse
 from gpulaunch.jobapi.view import JobState, JobView, bus_label
-from gpulaunch.model import JobProgress, JobReport, RankProgress
+from gpulaunch.model import Goodput, JobProgress, JobReport, RankProgress
 from gpulaunch.parts import Controls, Part
 from gpulaunch.report import headline
 
@@ -337,7 +337,9 @@ class FileRecorder(Part):
         base: Path | None = None,
         cgroup: Path | None = None,
         keeper: int | None = None,
+        goodput: Callable[[], Goodput | None] = lambda: None,
     ) -> None:
+        self._goodput = goodput  # the job's so far (progress/timeline.py), at each write
         self._warn = warn
         self._base = base
         self._cgroup = cgroup  # the direct supervisor's job cgroup (jobapi/leftovers.py)
@@ -354,7 +356,8 @@ class FileRecorder(Part):
 
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
         if rank is None:  # the job's phase: running, stopping
-            self._write(JobView.of_progress(job), f"job {job.spec.job} {job.phase.value}")
+            view = JobView.of_progress(job, goodput=self._goodput())
+            self._write(view, f"job {job.spec.job} {job.phase.value}")
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:
         self._write(JobView.of_progress(job, report), headline(report).removeprefix("gpulaunch: "))

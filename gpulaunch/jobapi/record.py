@@ -33,6 +33,7 @@ from gpulaunch.jobapi.rankview import RankView, ranks_json
 from gpulaunch.jobapi.view import JobState, JobView, bus_title, node_from_wire, node_wire
 from gpulaunch.model import (
     Cause,
+    Goodput,
     GpuUse,
     JobProgress,
     JobReport,
@@ -93,6 +94,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "LOG_DROPS", json.dumps([d.to_dict() for d in view.log_drops])))
     if view.gpu_use is not None:
         out.append((_PREFIX + "GPU_USE", json.dumps(view.gpu_use.to_dict())))
+    if view.goodput is not None:  # ETTR and what failures cost (docs/progress.md, "Goodput")
+        out.append((_PREFIX + "GOODPUT", json.dumps(view.goodput.to_dict())))
     if view.rounds:  # the attempts of a multi-node job before its last, with their causes
         out.append((_PREFIX + "ROUNDS", json.dumps([r.to_dict() for r in view.rounds])))
     if view.cause_error:
@@ -190,6 +193,7 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             ),
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
             gpu_use=_gpu_use(entry),
+            goodput=_goodput(entry),
             rounds=tuple(
                 RoundEnd.from_dict(r)
                 for r in json.loads(_text(entry.get(_PREFIX + "ROUNDS")) or "[]")
@@ -202,6 +206,11 @@ def parse(entry: Mapping[str, Any]) -> JobView:
 def _gpu_use(entry: Mapping[str, Any]) -> GpuUse | None:
     raw = _text(entry.get(_PREFIX + "GPU_USE"))
     return GpuUse.from_dict(json.loads(raw)) if raw else None
+
+
+def _goodput(entry: Mapping[str, Any]) -> Goodput | None:
+    raw = _text(entry.get(_PREFIX + "GOODPUT"))
+    return Goodput.from_dict(json.loads(raw)) if raw else None
 
 
 def _matches(manager: Manager, job: str | None) -> list[str]:

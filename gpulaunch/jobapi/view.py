@@ -35,10 +35,12 @@ from gpulaunch.jobapi.rankview import RankView as RankView
 from gpulaunch.jobapi.rankview import ranks_json as ranks_json
 from gpulaunch.model import (
     Cause,
+    Goodput,
     GpuUse,
     JobProgress,
     JobReport,
     LogDrop,
+    Loss,
     Manager,
     Phase,
 )
@@ -148,6 +150,7 @@ class JobView:
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (the end)
     rounds: tuple[RoundEnd, ...] = ()  # multi-node: the attempts before the last (the end)
     from_record: bool = False  # read from a record file (filerecord.py), not the bus
+    goodput: Goodput | None = None  # ETTR and what failures cost (None: no steps reported)
 
     @property
     def layout(self) -> Layout | None:
@@ -206,6 +209,7 @@ class JobView:
             "log_drops": [d.to_dict() for d in self.log_drops],
             "gpu_use": None if self.gpu_use is None else self.gpu_use.to_dict(),
             "rounds": [r.to_dict() for r in self.rounds],
+            "goodput": None if self.goodput is None else self.goodput.to_dict(),
         }
 
     def report(self) -> JobReport:
@@ -238,11 +242,14 @@ class JobView:
             log_drops=self.log_drops,
             gpu_use=self.gpu_use,
             rounds=self.rounds,
+            goodput=self.goodput,
         )
 
     @classmethod
-    def of_progress(cls, job: JobProgress, report: JobReport | None = None) -> JobView:
-        """The live view of a running job; with `report`, the final one."""
+    def of_progress(
+        cls, job: JobProgress, report: JobReport | None = None, goodput: Goodput | None = None
+    ) -> JobView:
+        """The live view of a running job (`goodput`: so far); with `report`, the final one."""
         spec = job.spec
         if report is not None:
             state = JobState.of_report(report)
@@ -281,6 +288,7 @@ class JobView:
             log_drops=() if report is None else report.log_drops,
             gpu_use=None if report is None else report.gpu_use,
             rounds=() if report is None else report.rounds,
+            goodput=goodput if report is None else report.goodput,
         )
 
     def placement(self) -> tuple[str, str]:
@@ -315,6 +323,7 @@ class JobView:
             "Steps": ("a" + STEPS_SIGNATURE, [w for r in self.ranks if (w := steps_wire(r))]),
             "Stragglers": ("ai", [r.rank for r in self.ranks if r.steps and r.steps.straggler]),
             "InterruptedBy": ("s", self.interrupted_by),
+            "Goodput": (GOODPUT_SIGNATURE, goodput_wire(self.goodput)),
         }
 
     @classmethod
@@ -340,7 +349,39 @@ class JobView:
             cause_what=str(props.get("CauseWhat", "")),
             last_output=tuple(int(t) for t in props.get("LastOutput", ())),
             interrupted_by=str(props.get("InterruptedBy", "")),
+            goodput=goodput_from_wire(props.get("Goodput")),
         )
+
+
+# known (false: no rank reported a step), wall, productive and startup seconds, whether a
+# checkpoint was reported, each failure: attempt, redone, detection, stop, restart (-1: none)
+GOODPUT_SIGNATURE = "(bdddba(idddd))"
+
+
+def goodput_wire(goodput: Goodput | None) -> list[Any]:
+    if goodput is None:
+        return [False, 0.0, 0.0, 0.0, False, []]
+    losses = [
+        [x.attempt, x.redone, x.detection, x.stop, -1.0 if x.restart is None else x.restart]
+        for x in goodput.losses
+    ]
+    return [True, goodput.wall, goodput.productive, goodput.startup, goodput.checkpoints, losses]
+
+
+def goodput_from_wire(wire: Sequence[Any] | None) -> Goodput | None:
+    if not wire or not wire[0]:
+        return None
+    _, wall, productive, startup, checkpoints, losses = wire
+    return Goodput(
+        wall=float(wall),
+        productive=float(productive),
+        startup=float(startup),
+        checkpoints=bool(checkpoints),
+        losses=tuple(
+            Loss(int(a), float(r), float(d), float(s), None if t < 0 else float(t))
+            for a, r, d, s, t in losses
+        ),
+    )
 
 
 NODE_SIGNATURE = "(isuuu)"  # node, host, first rank, ranks, watcher pid

@@ -19,7 +19,7 @@ from gpulaunch.metrics.series import families
 from gpulaunch.metrics.server import MetricsServer, bind, bound_address
 from gpulaunch.metrics.textfile import TextFile
 from gpulaunch.metrics.usage import UsageReader
-from gpulaunch.model import JobProgress, JobReport, RankProgress
+from gpulaunch.model import Goodput, JobProgress, JobReport, RankProgress
 from gpulaunch.parts import Controls, Part
 from gpulaunch.resources.nvml import Gpus, open_gpus
 
@@ -27,12 +27,15 @@ __all__ = ["MetricsObserver", "MetricsOptions", "metrics_observers"]
 
 
 def metrics_observers(
-    options: MetricsOptions | None, say: Callable[[str], None]
+    options: MetricsOptions | None,
+    say: Callable[[str], None],
+    goodput: Callable[[], Goodput | None] = lambda: None,
 ) -> tuple[MetricsObserver, ...]:
-    """The metrics observer where a metrics option was given, else nothing at all."""
+    """The metrics observer where a metrics option was given, else nothing at all;
+    `goodput`: the job's so far (progress/timeline.py)."""
     if options is None or not options.wanted:
         return ()
-    return (MetricsObserver(options, say),)
+    return (MetricsObserver(options, say, goodput=goodput),)
 
 
 class MetricsObserver(Part):
@@ -45,8 +48,10 @@ class MetricsObserver(Part):
         node: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         gpus: Gpus | str | None = None,
+        goodput: Callable[[], Goodput | None] = lambda: None,
     ) -> None:
         self.options = options
+        self.goodput = goodput
         self.say = say
         self.node = node or socket.gethostname()
         self.clock = clock
@@ -106,7 +111,7 @@ class MetricsObserver(Part):
         """The job's metrics now, in either format."""
         assert self.job is not None and self.usage is not None
         uses = self.usage.read(self.job.ranks, self.job.watcher_pid)
-        found = families(self.job, uses, self.node, self.clock())
+        found = families(self.job, uses, self.node, self.clock(), self.goodput())
         return openmetrics(found) if open_metrics else prometheus_text(found)
 
     def render(self, open_metrics: bool) -> tuple[bytes, str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gpulaunch.metrics.exposition import Family, Kind, Labels, Sample
 from gpulaunch.metrics.usage import RankUse
-from gpulaunch.model import JobProgress, Phase, RankProgress, RankSpec, RankState, StepInfo
+from gpulaunch.model import Goodput, JobProgress, Phase, RankProgress, RankSpec, RankState, StepInfo
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,15 @@ _RANK_SERIES: tuple[tuple[str, Kind, str, str, _RankValue], ...] = (
 )
 
 
-def families(job: JobProgress, uses: Mapping[int, RankUse], node: str, now: float) -> list[Family]:
-    """The job's families at `now` (CLOCK_MONOTONIC, as `StepInfo.at`)."""
+def families(
+    job: JobProgress,
+    uses: Mapping[int, RankUse],
+    node: str,
+    now: float,
+    goodput: Goodput | None = None,
+) -> list[Family]:
+    """The job's families at `now` (CLOCK_MONOTONIC, as `StepInfo.at`); `goodput`: the
+    job's so far (None: no rank reported a step: no goodput series)."""
     base: Labels = (("job", job.spec.job), ("node", node))
     out = [
         Family(
@@ -171,6 +178,8 @@ def families(job: JobProgress, uses: Mapping[int, RankUse], node: str, now: floa
             (Sample(base, len(job.ranks)),),
         ),
     ]
+    if goodput is not None:
+        out += _goodput_families(base, goodput)
     states = [
         s
         for r in job.ranks
@@ -192,6 +201,47 @@ def families(job: JobProgress, uses: Mapping[int, RankUse], node: str, now: floa
         if samples:
             out.append(Family(name, kind, text, samples, unit))
     return out
+
+
+def _goodput_families(base: Labels, goodput: Goodput) -> list[Family]:
+    """ETTR and its parts (gpulaunch/progress/goodput.py defines each, docs/progress.md)."""
+    return [
+        Family(
+            "gpulaunch_job_goodput_ratio",
+            Kind.GAUGE,
+            "effective training time ratio (ETTR): time in steps kept over wall time (0-1)",
+            (Sample(base, goodput.ratio),),
+            "ratio",
+        ),
+        Family(
+            "gpulaunch_job_productive_seconds",
+            Kind.GAUGE,
+            "time the ranks made steps that were kept, since the start line",
+            (Sample(base, goodput.productive),),
+            "seconds",
+        ),
+        Family(
+            "gpulaunch_job_wall_seconds",
+            Kind.GAUGE,
+            "time since the job's start line (the end, once it ended)",
+            (Sample(base, goodput.wall),),
+            "seconds",
+        ),
+        Family(
+            "gpulaunch_job_lost_seconds",
+            Kind.COUNTER,
+            "time lost to failures: steps redone since the last checkpoint, detection, stop "
+            "and restart, summed",
+            (Sample(base, goodput.lost),),
+            "seconds",
+        ),
+        Family(
+            "gpulaunch_job_failures",
+            Kind.COUNTER,
+            "failures that cost the job time (its attempts that stepped and failed)",
+            (Sample(base, len(goodput.losses)),),
+        ),
+    ]
 
 
 # A rank's GPU series carry its GPU as dcgm-exporter labels it (`gpu`: the index, `UUID`),

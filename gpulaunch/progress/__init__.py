@@ -4,6 +4,9 @@
     for n, batch in enumerate(loader, 1):
         ...
         step(n, total=len(loader) * epochs)
+        if n % 100 == 0:
+            save(model, f"ckpt-{n}.pt")
+            checkpoint(n)  # the steps up to n survive a failure (goodput, docs/progress.md)
 
 Each call sends one sd_notify datagram (`X_GPULAUNCH_STEP=N`, ...) to the socket
 `NOTIFY_SOCKET` names (a path, as gpulaunch's watcher gives every rank: a socket only
@@ -19,7 +22,9 @@ the modules of this folder, which this one never imports:
 - `tracker.py`: one rank's steps, its rate and step time; `behind.py`: where the
   ranks' steps stopped, for a hang by steps;
 - `stragglers.py`: which ranks are stragglers, `journal.py`: their journal entries;
-- `options.py`: `start --straggler-factor/--straggler-steps`.
+- `options.py`: `start --straggler-factor/--straggler-steps`;
+- `goodput.py`: the job's goodput (ETTR) and the time each failure cost, from its timeline
+  (pure); `timeline.py`: the job `Part` that keeps that timeline (docs/progress.md).
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["notify", "ready", "status", "step", "watchdog"]
+__all__ = ["checkpoint", "notify", "ready", "status", "step", "watchdog"]
 
 # Our fields of the sd_notify protocol (systemd leaves names starting with X_ to others).
 STEP = "X_GPULAUNCH_STEP"  # the step the rank just finished (a count: 1 after the first)
 TOTAL = "X_GPULAUNCH_TOTAL"  # the steps it expects in all (for an ETA)
 STEP_SECONDS = "X_GPULAUNCH_STEP_SECONDS"  # its own time of that step (straggler test)
+CHECKPOINT = "X_GPULAUNCH_CHECKPOINT"  # the step a checkpoint just saved holds (goodput)
 
 _sock: socket.socket | None = None
 _sock_pid = 0  # the pid that opened _sock: a forked child opens its own
@@ -74,6 +80,13 @@ def step(n: int, total: int | None = None, seconds: float | None = None) -> bool
     if seconds is not None:
         lines.append(f"{STEP_SECONDS}={float(seconds):.6f}")
     return notify("\n".join(lines))
+
+
+def checkpoint(n: int) -> bool:
+    """A checkpoint of step `n` is safely written: a restart resumes from it, so the steps
+    up to `n` are not lost to a later failure (goodput: what a failure cost is the time
+    from the last checkpoint). Call it once the checkpoint is durable, not before."""
+    return notify(f"{CHECKPOINT}={int(n)}")
 
 
 def status(text: str) -> bool:

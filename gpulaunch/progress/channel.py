@@ -26,6 +26,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -193,9 +194,15 @@ class ProgressChannel:
         if notice.status is not None and notice.status != rank.status_text:
             rank.status_text = notice.status
             self._soon()
+        tracker = self._trackers.setdefault(number, StepTracker())
+        if notice.checkpoint is not None:  # (goodput.py: what a failure after it costs)
+            at = self.clock()
+            tracker.saved(notice.checkpoint, at)
+            if notice.step is None and rank.steps is not None:
+                rank.steps = replace(rank.steps, checkpoint=notice.checkpoint, checkpoint_at=at)
+                self._soon()
         if notice.step is None:
             return
-        tracker = self._trackers.setdefault(number, StepTracker())
         sample = tracker.report(notice.step, notice.total, self.clock(), notice.step_seconds)
         verdict = None
         if sample is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpulaunch.progress import STEP, STEP_SECONDS, TOTAL
+from gpulaunch.progress import CHECKPOINT, STEP, STEP_SECONDS, TOTAL
 
 MAX_STATUS = 200  # characters of a STATUS= kept (it is one line of `gpulaunch status`)
 
@@ -22,6 +22,7 @@ class Notice:
     total: int | None = None
     step_seconds: float | None = None  # the rank's own time of that step
     status: str | None = None
+    checkpoint: int | None = None  # a checkpoint of this step is written (goodput)
     ready: bool = False
     watchdog: bool = False
 
@@ -53,11 +54,13 @@ def parse(data: bytes) -> Notice:
     total = _count(fields[TOTAL]) if TOTAL in fields else None
     seconds = _seconds(fields[STEP_SECONDS]) if STEP_SECONDS in fields else None
     status = fields.get("STATUS")
+    saved = _count(fields[CHECKPOINT]) if CHECKPOINT in fields else None
     return Notice(
         step=step,
         total=total if step is not None else None,
         step_seconds=seconds if step is not None else None,
         status=None if status is None else status[:MAX_STATUS],
+        checkpoint=saved,
         ready=fields.get("READY") == "1",
         watchdog=fields.get("WATCHDOG") == "1",
     )

@@ -3,7 +3,8 @@
 A rank may report every step or every tenth: a step's time is the time between
 two reports over the steps between them, or the rank's own `seconds` when it
 sent them (X_GPULAUNCH_STEP_SECONDS). A step number that goes back (the loop
-started over) starts the window again.
+started over) starts the window again. The first report's time and the last checkpoint
+notice (`checkpoint(n)`) are kept for the attempt's goodput (goodput.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ class StepTracker:
         self._marks: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (at, step)
         self._samples: deque[float] = deque(maxlen=WINDOW)  # seconds of one step
         self.total: int | None = None
+        self.first_at: float | None = None  # the first step report's time, kept on a reset
+        self.checkpoint: tuple[int, float] | None = None  # (step, at) of the last notice
+
+    def saved(self, step: int, at: float) -> None:
+        """A checkpoint of step `step` was written (the rank said so at `at`)."""
+        self.checkpoint = (step, at)
 
     def report(
         self, step: int, total: int | None, at: float, seconds: float | None = None
@@ -38,6 +45,8 @@ class StepTracker:
         """A report of step `step` at `at` (monotonic); the sample it made, if any."""
         if total is not None:
             self.total = total
+        if self.first_at is None:
+            self.first_at = at
         last = self._marks[-1] if self._marks else None
         if last is not None and step < last[1]:
             self._marks.clear()
@@ -73,4 +82,7 @@ class StepTracker:
             step_seconds=self.step_seconds,
             straggler=straggler,
             straggled=straggled,
+            first_at=self.first_at,
+            checkpoint=None if self.checkpoint is None else self.checkpoint[0],
+            checkpoint_at=None if self.checkpoint is None else self.checkpoint[1],
         )

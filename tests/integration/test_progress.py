@@ -183,7 +183,10 @@ def test_a_rank_that_prints_but_never_steps_is_hung(job: Job) -> None:
 
 def test_a_lightning_trainer_with_the_callback_shows_its_steps_in_status(job: Job) -> None:
     proc = job.popen(
-        "--nproc", "2", script=str(SCRIPTS / "lightning_progress.py"), script_args=["--steps", "20"]
+        "--nproc",
+        "2",
+        script=str(SCRIPTS / "lightning_progress.py"),
+        script_args=["--steps", "20", "--checkpoint-every", "5"],
     )
     try:
         for rank in (0, 1):
@@ -197,6 +200,9 @@ def test_a_lightning_trainer_with_the_callback_shows_its_steps_in_status(job: Jo
         done = [r for r in rows if "20/20" in r]
         assert sorted(r[0] for r in done) == ["0", "1"], res.stdout
         assert "rank 0: epoch " in res.stdout and "rank 1: epoch " in res.stdout, res.stdout
+        # the callback said each checkpoint Lightning saved (goodput, issue 39)
+        out = gl(job, "status", job.id, "--json", timeout=60)
+        assert json.loads(out.stdout)["goodput"]["checkpoints"] is True, out.stdout
     finally:
         code, err = finish(job, proc)
     assert code == 143, err[-3000:]

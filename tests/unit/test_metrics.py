@@ -1,11 +1,13 @@
 """Metrics for Prometheus (issue 26 item 4): the series, both text formats read back by
 prometheus_client's parsers, the endpoint over real sockets, the textfile's writes, the
-cgroup reads on a fake tree. The running job: tests/integration/test_metrics.py."""
+cgroup reads on a fake tree; the Grafana dashboard's queries against a real exposition.
+The running job: tests/integration/test_metrics.py."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import socket
@@ -14,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
@@ -36,9 +39,11 @@ from gpulaunch.metrics.textfile import TextFile
 from gpulaunch.metrics.usage import RankUse, UsageReader
 from gpulaunch.model import (
     Cause,
+    Goodput,
     JobProgress,
     JobReport,
     JobSpec,
+    Loss,
     Manager,
     Phase,
     RankExit,
@@ -49,6 +54,7 @@ from gpulaunch.model import (
 )
 from gpulaunch.parts import Controls
 
+GOODPUT = Goodput(60.0, 45.0, 5.0, (Loss(0, 2.0, 1.0, 0.5, 6.5),), checkpoints=True)
 JOB = 'train "big"\\x'  # quotes and a backslash: escaped in label values
 
 
@@ -164,7 +170,8 @@ def test_a_ranks_gpu_series_carry_dcgms_gpu_labels() -> None:
 
 def test_docs_metrics_lists_exactly_the_series_served() -> None:
     """A new series is a row of docs/metrics.md too (docs/architecture.md, "How to add")."""
-    served = {name for name, _ in samples(openmetrics(families(progress(), USES, "n1", 100.0)))}
+    found = families(progress(), USES, "n1", 100.0, GOODPUT)
+    served = {name for name, _ in samples(openmetrics(found))}
     text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     listed = set(re.findall(r"^\| `(gpulaunch_\w+)", text, re.MULTILINE))
     assert served == listed
@@ -580,3 +587,70 @@ def test_a_bad_metrics_host_on_the_command_line_is_one_line_and_exit_2(
     line = res.stderr.strip().splitlines()[-1]
     assert "--metrics-listen" in line and "not a host name or IP address" in line, res.stderr
     assert "Traceback" not in res.stderr and os.listdir(tmp_path) == ["train.py"]
+
+
+# -- docs/grafana/gpulaunch.json (issue 39 item 4) --------------------------------------
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "gpulaunch.json"
+SERIES = re.compile(r"\b(gpulaunch_[a-z_]+)\b")
+
+
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+def queried(dashboard: dict[str, Any]) -> set[str]:
+    """The series named in the panels' queries and the variables' queries."""
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
+    exprs += list(_strings(dashboard["templating"]))
+    return {n for e in exprs for n in SERIES.findall(e)}
+
+
+def served_series(open_metrics: bool) -> set[str]:
+    """Every series a job serves where everything is known: ranks that step, one a
+    straggler, GPUs, restarts, goodput."""
+    job = progress()
+    ranks = [replace(r, gpu=i) for i, r in enumerate(job.spec.ranks)]  # GPU labels too
+    job = replace(job, spec=replace(job.spec, ranks=tuple(ranks)))
+    found = families(job, USES, "n1", 100.0, GOODPUT)
+    text = openmetrics(found) if open_metrics else prometheus_text(found)
+    parse = om_parse if open_metrics else text_parse
+    return {s.name for family in parse(text) for s in family.samples}
+
+
+@pytest.mark.parametrize("open_metrics", [True, False], ids=["openmetrics", "text-0.0.4"])
+def test_every_series_the_dashboard_queries_is_served(open_metrics: bool) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    names = queried(dashboard)
+    assert names, "the dashboard queries no gpulaunch series"
+    assert names - served_series(open_metrics) == set()
+
+
+def test_the_dashboard_has_the_panels_docs_promise_and_is_linked() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = {
+        p["title"]: " ".join(t["expr"] for t in p.get("targets", ()))
+        for p in dashboard["panels"]
+        if p["type"] != "row"
+    }
+    wanted = {
+        "goodput": "gpulaunch_job_goodput_ratio",
+        "steps/s per rank": "gpulaunch_rank_steps_per_second",
+        "stragglers": "gpulaunch_rank_straggler",
+        "restarts": "gpulaunch_job_restarts_total",
+        "gpu utilisation": "gpulaunch_rank_gpu_utilization_ratio",
+        "gpu memory": "gpulaunch_rank_gpu_memory_bytes",
+    }
+    for word, series in wanted.items():
+        panels = [t for t, e in exprs.items() if word in t.lower() and series in e]
+        assert panels, (word, series, sorted(exprs))
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert "](grafana/gpulaunch.json)" in (DASHBOARD.parents[1] / "metrics.md").read_text()

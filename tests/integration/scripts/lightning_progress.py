@@ -1,5 +1,7 @@
 """A Lightning Trainer (CPU, gloo) with gpulaunch's progress callback; after `fit` it writes
-`<dir>/fitted<RANK>` and stays, so that a test reads `gpulaunch status` while it runs."""
+`<dir>/fitted<RANK>` and stays, so that a test reads `gpulaunch status` while it runs.
+--checkpoint-every N: Lightning's ModelCheckpoint saves into <dir> every N steps (the
+callback tells the watcher once each save returned)."""
 
 import argparse
 import os
@@ -28,7 +30,15 @@ class Tiny(L.LightningModule):
 p = argparse.ArgumentParser()
 p.add_argument("--dir", required=True)
 p.add_argument("--steps", type=int, default=20)
+p.add_argument("--checkpoint-every", type=int, default=0)
 args = p.parse_args()
+saving = []
+if args.checkpoint_every:
+    saving = [
+        L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=args.dir, every_n_train_steps=args.checkpoint_every, save_top_k=-1
+        )
+    ]
 
 trainer = L.Trainer(
     accelerator="cpu",
@@ -36,10 +46,10 @@ trainer = L.Trainer(
     strategy="ddp",
     max_steps=args.steps,
     logger=False,
-    enable_checkpointing=False,
+    enable_checkpointing=bool(saving),
     enable_progress_bar=False,
     enable_model_summary=False,
-    callbacks=[GpulaunchProgress()],
+    callbacks=[GpulaunchProgress(), *saving],
 )
 trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=4))
 torch.distributed.destroy_process_group()  # as lightning_trainer.py: no gloo group at exit
