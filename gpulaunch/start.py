@@ -276,7 +276,8 @@ def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
         f"({cfg.backend} rendezvous)"
     )
     from gpulaunch.jobapi import filerecord, publisher, record  # noqa: F401 - what _contain and
-    from gpulaunch.watcher import hangwatch, loop  # noqa: F401 - _run import, now: not 0.2-1 s
+    from gpulaunch.progress import timeline  # noqa: F401 - _parts and _run import, now: not
+    from gpulaunch.watcher import hangwatch, loop  # noqa: F401 - 0.2-1 s after the round
 
     with suppress(ImportError):  # after the layout (issue 27); pystemd's failure: for _contain
         from gpulaunch.supervisor import cgroups, direct, systemd, systemd_api  # noqa: F401
