@@ -14,6 +14,8 @@ from typing import Any
 
 from gpulaunch.base.names import UnitNames
 from gpulaunch.base.protocol import Layout, NodeConfig, NodeFailure, RoundEnd
+from gpulaunch.base.slurmruns import REQUEUE_STATUS as REQUEUE_STATUS  # its home: there
+from gpulaunch.base.slurmruns import Carried as Carried
 
 
 class Manager(enum.StrEnum):
@@ -311,6 +313,7 @@ class Cause(enum.StrEnum):
     PREEMPTED = "preempted"  # --preempt-grace: the machine goes away (PREEMPTED_STATUS)
     CRASH_LOOP = "crash-loop"  # --crash-loop: attempts failed alike, none progressed
     TIME_LIMIT = "time-limit"  # Slurm's --time ran out (gpulaunch/schedulers/slurm.py)
+    REQUEUE = "requeue"  # --max-restarts spent, --max-requeues left: Slurm runs it again
 
 
 HUNG_STATUS = 124  # like timeout(1)
@@ -411,6 +414,7 @@ class JobReport:
     stacks: str | None = None  # --hang-timeout, --dump-stacks: the ranks' stacks, bounded
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (leases/accounting.py)
     recovery: str | None = None  # why the gang was not restarted (gpulaunch/recovery/)
+    carried: Carried | None = None  # a Slurm job's: what its next run (a requeue) continues
 
 
 @dataclass(frozen=True)

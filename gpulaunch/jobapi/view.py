@@ -34,6 +34,7 @@ from gpulaunch.jobapi.rankview import STEPS_SIGNATURE, steps_wire, with_ends, wi
 from gpulaunch.jobapi.rankview import RankView as RankView
 from gpulaunch.jobapi.rankview import ranks_json as ranks_json
 from gpulaunch.model import (
+    Carried,
     Cause,
     GpuUse,
     JobProgress,
@@ -147,6 +148,7 @@ class JobView:
     log_drops: tuple[LogDrop, ...] = ()  # ranks of which the journal lacks lines (the end)
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (the end)
     rounds: tuple[RoundEnd, ...] = ()  # multi-node: the attempts before the last (the end)
+    carried: Carried | None = None  # a Slurm job's: what a requeued run continues (the end)
     from_record: bool = False  # read from a record file (filerecord.py), not the bus
 
     @property
@@ -206,6 +208,7 @@ class JobView:
             "log_drops": [d.to_dict() for d in self.log_drops],
             "gpu_use": None if self.gpu_use is None else self.gpu_use.to_dict(),
             "rounds": [r.to_dict() for r in self.rounds],
+            "slurm_runs": None if self.carried is None else self.carried.to_dict(),
         }
 
     def report(self) -> JobReport:
@@ -281,6 +284,7 @@ class JobView:
             log_drops=() if report is None else report.log_drops,
             gpu_use=None if report is None else report.gpu_use,
             rounds=() if report is None else report.rounds,
+            carried=None if report is None else report.carried,
         )
 
     def placement(self) -> tuple[str, str]:
