@@ -144,8 +144,8 @@ def add_recovery_options(p: argparse.ArgumentParser) -> None:
         type=_argtype(_requeues, "e.g. --max-requeues 3"),
         metavar="N",
         help="in a Slurm job (sbatch --requeue): once --max-restarts are spent, a failure that "
-        f"would restart ends the run with {REQUEUE_STATUS} ('requeue me') while the job ran "
-        "fewer than N times before (SLURM_RESTART_COUNT); attempts and crash loops count "
+        f"would restart ends the run with {REQUEUE_STATUS} ('requeue me') while the job was "
+        "requeued fewer than N times (SLURM_RESTART_COUNT); attempts and crash loops count "
         "across the runs (examples/slurm/)",
     )
     g.add_argument(

@@ -13,7 +13,7 @@ the next, through the run's record (its `Carried`, gpulaunch/jobapi/earlier.py r
 The two-level budget (as Megatron's and NVIDIA's resiliency extension's launchers have
 it): --max-restarts restarts inside a run; once they are spent, a failure that may be
 retried (--restart-on, not a --no-restart-exit-code) ends the run with REQUEUE_STATUS,
-"requeue me", while the job's runs so far (SLURM_RESTART_COUNT) are fewer than
+"requeue me", while the job was requeued (SLURM_RESTART_COUNT) fewer times than
 --max-requeues; after that, the rank's own status as without it. The batch script or
 the site (`RequeueExit=79,81`) requeues on it: examples/slurm/.
 """

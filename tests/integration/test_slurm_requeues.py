@@ -154,3 +154,21 @@ def test_the_notice_requeues_the_job(cluster: Cluster) -> None:
         ("preempted", "79"),
         ("succeeded", "0"),
     ], records
+
+
+def test_under_systemd_the_journal_record_carries_over(cluster: Cluster) -> None:
+    """`--supervisor systemd` (the job on the box's system manager, published on its bus):
+    no record file, so the next run finds the last one's state in the journal (`_UID=0`)."""
+    job_id, jobdir = _submit(
+        cluster,
+        "journal",
+        f"--supervisor systemd --max-requeues 1 --crash-loop 0 {FAILING} --dir {{dir}} --status 3",
+    )
+    out = _ended(cluster, job_id, jobdir)
+    assert cluster.job_field(job_id, "Restarts") == "1", out
+    assert cluster.job_field(job_id, "ExitCode") == "3:0", out
+    assert (jobdir / "attempts").read_text().split("\n") == ["- 0", "1 1", ""], out
+    records = _records(cluster, jobdir.name)
+    assert [r["GPULAUNCH_MANAGER"] for r in records] == ["system", "system"], records
+    runs = [json.loads(r["GPULAUNCH_SLURM_RUNS"]) for r in records]
+    assert [(r["run"], r["attempts"]) for r in runs] == [(0, 1), (1, 2)], runs
