@@ -241,6 +241,7 @@ class JobView:
             log_drops=self.log_drops,
             gpu_use=self.gpu_use,
             rounds=self.rounds,
+            carried=self.carried,
         )
 
     @classmethod

@@ -193,6 +193,7 @@ def test_the_record_keeps_the_carried_state() -> None:
     entry.update({"_UID": "0", "__REALTIME_TIMESTAMP": "1700000000000000"})
     assert record.parse(entry).carried == carried
     assert view.to_json()["slurm_runs"]["streak"] == 2
+    assert view.report().carried == carried  # `gpulaunch status` of the record says the run
     entry["GPULAUNCH_SLURM_RUNS"] = '{"run": -1}'
     with pytest.raises(ValueError):
         record.parse(entry)
