@@ -287,6 +287,9 @@ class JobProgress:
     # no systemd unit holds it (the direct supervisor): where its ranks are instead, its
     # cgroup's path or "process groups"
     contained_in: str | None = None
+    # a Slurm job's: what a requeued run continues from, should this one's watcher be
+    # killed before the end (its attempts; its record keeps it from the start)
+    carried: Carried | None = None
 
 
 @dataclass(frozen=True)

@@ -285,7 +285,7 @@ class JobView:
             log_drops=() if report is None else report.log_drops,
             gpu_use=None if report is None else report.gpu_use,
             rounds=() if report is None else report.rounds,
-            carried=None if report is None else report.carried,
+            carried=job.carried if report is None else report.carried,
         )
 
     def placement(self) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from gpulaunch.model import (
     CRASH_LOOP_STATUS,
     PREEMPTED_STATUS,
     REQUEUE_STATUS,
+    Carried,
     Cause,
     JobReport,
     Outcome,
@@ -127,17 +128,21 @@ class Recovery:
                 return Outcome(REQUEUE_STATUS, Cause.REQUEUE, outcome.cause_rank)
         return outcome
 
+    def carried(self, attempt: int, ended: bool = True) -> Carried | None:
+        """What a Slurm job's next run carries over (`attempt`: the number of the last
+        attempt, counted over the job's runs); None outside Slurm. While the job runs
+        (`ended` False, its live records): the attempts only, as its watcher may be killed
+        after this attempt made progress."""
+        if not (ended and self.last_failed and self.failures):  # its last attempt did not fail
+            return self.requeue.carry(attempt + 1, 0, "", 0)
+        every = [*earlier_failures(self.requeue), *self.failures]
+        last = self.failures[-1]
+        streak = crash_loop_length(self.policy, every)
+        return self.requeue.carry(attempt + 1, streak, last.kind.value, last.status)
+
     def complete(self, report: JobReport, attempt: int) -> JobReport:
-        """The report with what a Slurm job's next run carries over (`attempt`: the number of
-        the last attempt, counted over the job's runs); as it was outside Slurm."""
-        streak, kind, status = 0, "", 0
-        if self.last_failed and self.failures:
-            every = [*earlier_failures(self.requeue), *self.failures]
-            streak, kind, status = (
-                crash_loop_length(self.policy, every),
-                *self.failures[-1].signature,
-            )
-        carried = self.requeue.carry(attempt + 1, streak, kind, status)
+        """The report with what a Slurm job's next run carries over (`carried`)."""
+        carried = self.carried(attempt)
         return report if carried is None else replace(report, carried=carried)
 
     @property

@@ -251,6 +251,7 @@ class Watcher(EventLoop):
             watcher_pid=os.getpid(),
             node_failure=self.nodes.failure if self.nodes else None,
             contained_in=self.contained_in,
+            carried=self.recovery.carried(self.attempt, ended=False),
         )
 
     def _finished(self) -> bool:

@@ -172,3 +172,24 @@ def test_under_systemd_the_journal_record_carries_over(cluster: Cluster) -> None
     assert [r["GPULAUNCH_MANAGER"] for r in records] == ["system", "system"], records
     runs = [json.loads(r["GPULAUNCH_SLURM_RUNS"]) for r in records]
     assert [(r["run"], r["attempts"]) for r in runs] == [(0, 1), (1, 2)], runs
+
+
+def test_a_killed_watchers_attempts_carry_over(cluster: Cluster) -> None:
+    """The watcher SIGKILLed (no end record): its record from the start still has the
+    attempts, so the run after `scontrol requeue` numbers its attempt on."""
+    job_id, jobdir = _submit(cluster, "killed", f"{CHECKPOINT} --dir {{dir}} --save 0.5")
+    wait_until(lambda: (jobdir / "ready0").exists(), 120, "the rank of the first run")
+    files = cluster.sh("for f in /run/gpulaunch/jobs/*.json; do cat $f; echo; done")
+    record = next(
+        r for r in map(json.loads, files.split("\n")[:-1]) if r["GPULAUNCH_JOB"] == jobdir.name
+    )  # the record file (`status` would ask the watcher on the bus)
+    assert json.loads(record["GPULAUNCH_SLURM_RUNS"]) == {
+        "slurm_job": job_id, "run": 0, "attempts": 1, "streak": 0, "streak_class": "",
+        "streak_status": 0,
+    }, record  # fmt: skip
+    cluster.sh(f"kill -KILL {record['GPULAUNCH_WATCHER_PID']}")
+    wait_until(lambda: cluster.job_field(job_id, "JobState") != "RUNNING", 120, "srun's end")
+    assert cluster.run(["scontrol", "requeue", job_id]).returncode == 0
+    out = _ended(cluster, job_id, jobdir)
+    assert cluster.job_field(job_id, "JobState") == "COMPLETED", out
+    assert (jobdir / "attempts").read_text().split() == ["0:0", "0:1"], out

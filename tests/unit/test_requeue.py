@@ -21,9 +21,11 @@ from gpulaunch.model import (
     REQUEUE_STATUS,
     Carried,
     Cause,
+    JobProgress,
     JobReport,
     Manager,
     Outcome,
+    Phase,
     RankExit,
     RankResult,
 )
@@ -118,6 +120,8 @@ def test_the_tracker_ends_a_run_with_81_and_carries_its_streak() -> None:
     report = rec.complete(_report(1, Cause.RANK_FAILED, attempt=5), 5)
     # 4 attempts before this run, 2 in it; 1 failure before it and 2 in it, in a row
     assert report.carried == Carried("42", 1, 6, 3, "exit", 1)
+    # while it runs (its live records): the attempts only
+    assert rec.carried(5, ended=False) == Carried("42", 1, 6)
     # a run whose last attempt did not fail carries no streak
     rec = Recovery(0, RecoveryOptions(requeue=requeues(3, 1, streak=2)))
     rec.after(Outcome(0, Cause.SUCCEEDED, None), {0: _exit(0)}, stopping=False)
@@ -197,6 +201,16 @@ def test_the_record_keeps_the_carried_state() -> None:
     entry["GPULAUNCH_SLURM_RUNS"] = '{"run": -1}'
     with pytest.raises(ValueError):
         record.parse(entry)
+
+
+def test_the_live_record_carries_the_attempts() -> None:
+    """A run whose watcher is SIGKILLed writes no end record: its start record has them."""
+    from gpulaunch.jobapi.view import JobView
+    from tests.unit.fakes import make_job
+
+    spec, _ = make_job([["true"]])
+    progress = JobProgress(spec, Phase.RUNNING, (), 3, 1, carried=Carried("42", 1, 4))
+    assert JobView.of_progress(progress).carried == Carried("42", 1, 4)
 
 
 def test_the_next_run_finds_the_last_runs_record(tmp_path: Path) -> None:
