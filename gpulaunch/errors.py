@@ -28,6 +28,9 @@ Exit codes:
           Slurm's `--requeue` with `RequeueExit=79`; docs/recovery.md)
   80      `start --max-restarts`: a crash loop (--crash-loop attempts in a row failed the
           same way, none of them running --progress-after)
+  81      `start --max-requeues` in a Slurm job: "requeue me": --max-restarts were spent on a
+          failure that may be retried, and the job was requeued fewer than N times (Slurm's
+          `RequeueExit=79,81`, or the batch script's `scontrol requeue`: examples/slurm/)
   85      `start` in a Slurm job: its time limit (`--time`) ended it; not a failure (Slurm's
           scancel gives 143 and a requeue 79, also with --preempt-grace; schedulers/slurm.py)
   124     `start --hang-timeout`: the job hung (no rank printed or used CPU for that long)

@@ -14,6 +14,8 @@ from typing import Any
 
 from gpulaunch.base.names import UnitNames
 from gpulaunch.base.protocol import Layout, NodeConfig, NodeFailure, RoundEnd
+from gpulaunch.base.slurmruns import REQUEUE_STATUS as REQUEUE_STATUS  # its home: there
+from gpulaunch.base.slurmruns import Carried as Carried
 
 
 class Manager(enum.StrEnum):
@@ -288,6 +290,9 @@ class JobProgress:
     # no systemd unit holds it (the direct supervisor): where its ranks are instead, its
     # cgroup's path or "process groups"
     contained_in: str | None = None
+    # a Slurm job's: what a requeued run continues from, should this one's watcher be
+    # killed before the end (its attempts; its record keeps it from the start)
+    carried: Carried | None = None
 
 
 @dataclass(frozen=True)
@@ -314,6 +319,7 @@ class Cause(enum.StrEnum):
     PREEMPTED = "preempted"  # --preempt-grace: the machine goes away (PREEMPTED_STATUS)
     CRASH_LOOP = "crash-loop"  # --crash-loop: attempts failed alike, none progressed
     TIME_LIMIT = "time-limit"  # Slurm's --time ran out (gpulaunch/schedulers/slurm.py)
+    REQUEUE = "requeue"  # --max-restarts spent, --max-requeues left: Slurm runs it again
 
 
 HUNG_STATUS = 124  # like timeout(1)
@@ -505,6 +511,7 @@ class JobReport:
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (leases/accounting.py)
     recovery: str | None = None  # why the gang was not restarted (gpulaunch/recovery/)
     goodput: Goodput | None = None  # ETTR and what failures cost (None: no steps reported)
+    carried: Carried | None = None  # a Slurm job's: what its next run (a requeue) continues
 
 
 @dataclass(frozen=True)

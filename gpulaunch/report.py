@@ -64,6 +64,13 @@ def headline(report: JobReport) -> str:
             f"gpulaunch: job {report.job} stopped: {report.node_failure.describe()} "
             f"(status {report.status})"
         )
+    if report.cause is Cause.REQUEUE:  # --max-requeues (gpulaunch/recovery/requeue.py)
+        failed = next((r for r in report.ranks if r.rank == report.cause_rank and r.exit), None)
+        what = f"rank {failed.rank} {failed.exit.describe()}" if failed and failed.exit else "hung"
+        return (
+            f"gpulaunch: job {report.job} failed: {what}; restarts spent here "
+            f"(status {report.status}: requeue it)"
+        )
     cause = next(r for r in report.ranks if r.rank == report.cause_rank)
     assert cause.exit is not None
     loop = " in a crash loop (--crash-loop)" if report.cause is Cause.CRASH_LOOP else ""
@@ -164,10 +171,18 @@ def format_report(report: JobReport) -> str:
     lines += usage_sources(report)
     if report.gpu_use is not None:
         lines += gpu_lines(report.gpu_use)
-    if report.restarts:
+    earlier = report.carried is not None and report.carried.run > 0
+    if report.restarts and not earlier:
         lines.append(
             f"gpulaunch: the ranks were restarted {count(report.restarts, 'time')} (--max-restarts)"
         )
+    if earlier and report.carried is not None:  # a requeued Slurm job: attempts go on
+        c = report.carried
+        lines.append(
+            f"gpulaunch: run {c.run + 1} of Slurm job {c.slurm_job} (requeued "
+            f"{count(c.run, 'time')}): {count(c.attempts, 'attempt')} over its runs"
+        )
+    if report.restarts:
         lines += goodput_lines(report.goodput)
     if report.recovery:  # why they were not restarted (gpulaunch/recovery/)
         lines.append(report.recovery)

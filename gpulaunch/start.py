@@ -42,6 +42,7 @@ from gpulaunch.plan.spec import (
     number_ranks,
     working_directory,
 )
+from gpulaunch.recovery.settings import RecoveryOptions
 from gpulaunch.report import count, format_report
 from gpulaunch.resources.controllers import unenforced
 from gpulaunch.schedulers.observers import scheduler_observers
@@ -431,10 +432,22 @@ def _run(
         journal=journal,  # journald is reachable: the pumps write to it, the report counts
         peer=job.peer,
         hang=hang,
-        recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
+        recovery=_recovery(job.spec, job.draft.opts.recovery),  # by failure class, preemption
         why_signalled=contained.why,  # its launcher's death (watcher/launcher.py)
         contained_in=None if chosen.supervisor.can.makes_units else chosen.where,  # its view
     ).run()
+
+
+def _recovery(spec: JobSpec, options: RecoveryOptions) -> RecoveryOptions:
+    """A requeued Slurm job's recovery, with what its last run left in its record (read
+    before this run's record replaces it: gpulaunch/jobapi/earlier.py)."""
+    requeue = options.requeue
+    if requeue.slurm_job is None or requeue.run == 0 or spec.layout is not None:
+        return options
+    from gpulaunch.jobapi.earlier import earlier_run
+
+    carried = earlier_run(spec.job, spec.manager, os.environ)
+    return replace(options, requeue=requeue.with_earlier(carried))
 
 
 def _lease(

@@ -3,6 +3,7 @@
 - `names.py`: job ids and the unit names derived from them;
 - `protocol.py`: a node's place in a multi-node job, and what the nodes tell each other;
 - `slurm.py`: "am I in a Slurm step", from the variables srun exports;
+- `slurmruns.py`: what a Slurm job's run hands the next after a requeue (its record's);
 - `procs.py`: forking a process held at a start gate, releasing it, reaping it by pidfd;
 - `interrupts.py`: stop and notice signals as bytes on a socket an event loop watches;
 - `nofile.py`: the open-file limit raised for the watcher, the user's given back to children;

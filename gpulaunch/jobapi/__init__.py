@@ -10,6 +10,7 @@
   `whose.py`: whose jobs a command is about; `procid.py`: which process a pid meant;
 - `commands.py`: `gpulaunch list | status | stop | wait`; `top.py`: `gpulaunch top`,
   with `targets.py`, the ranks it measures;
+- `earlier.py`: a requeued Slurm job's last run, as its record left it (recovery/requeue.py);
 - `leftovers.py`: what a direct job left in its cgroup when its watcher and keeper died
   together, ended by the next command that reads its record.
 

@@ -32,6 +32,7 @@ from gpulaunch.jobapi import whose
 from gpulaunch.jobapi.rankview import RankView, ranks_json
 from gpulaunch.jobapi.view import JobState, JobView, bus_title, node_from_wire, node_wire
 from gpulaunch.model import (
+    Carried,
     Cause,
     Goodput,
     GpuUse,
@@ -98,6 +99,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "GOODPUT", json.dumps(view.goodput.to_dict())))
     if view.rounds:  # the attempts of a multi-node job before its last, with their causes
         out.append((_PREFIX + "ROUNDS", json.dumps([r.to_dict() for r in view.rounds])))
+    if view.carried is not None:  # a Slurm job's: its next run continues from it
+        out.append((_PREFIX + "SLURM_RUNS", json.dumps(view.carried.to_dict())))
     if view.cause_error:
         out.append((_PREFIX + "CAUSE_ERROR", view.cause_error))
         out.append((_PREFIX + "CAUSE_ERROR_SOURCE", view.cause_error_source))
@@ -198,9 +201,15 @@ def parse(entry: Mapping[str, Any]) -> JobView:
                 RoundEnd.from_dict(r)
                 for r in json.loads(_text(entry.get(_PREFIX + "ROUNDS")) or "[]")
             ),
+            carried=_carried(entry),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed gpulaunch record: {exc!r}") from exc
+
+
+def _carried(entry: Mapping[str, Any]) -> Carried | None:
+    raw = _text(entry.get(_PREFIX + "SLURM_RUNS"))
+    return Carried.from_dict(json.loads(raw)) if raw else None
 
 
 def _gpu_use(entry: Mapping[str, Any]) -> GpuUse | None:

@@ -34,6 +34,7 @@ from gpulaunch.jobapi.rankview import STEPS_SIGNATURE, steps_wire, with_ends, wi
 from gpulaunch.jobapi.rankview import RankView as RankView
 from gpulaunch.jobapi.rankview import ranks_json as ranks_json
 from gpulaunch.model import (
+    Carried,
     Cause,
     Goodput,
     GpuUse,
@@ -149,6 +150,7 @@ class JobView:
     log_drops: tuple[LogDrop, ...] = ()  # ranks of which the journal lacks lines (the end)
     gpu_use: GpuUse | None = None  # ranks on GPUs: their accounting (the end)
     rounds: tuple[RoundEnd, ...] = ()  # multi-node: the attempts before the last (the end)
+    carried: Carried | None = None  # a Slurm job's: what a requeued run continues (the end)
     from_record: bool = False  # read from a record file (filerecord.py), not the bus
     goodput: Goodput | None = None  # ETTR and what failures cost (None: no steps reported)
 
@@ -210,6 +212,7 @@ class JobView:
             "gpu_use": None if self.gpu_use is None else self.gpu_use.to_dict(),
             "rounds": [r.to_dict() for r in self.rounds],
             "goodput": None if self.goodput is None else self.goodput.to_dict(),
+            "slurm_runs": None if self.carried is None else self.carried.to_dict(),
         }
 
     def report(self) -> JobReport:
@@ -243,6 +246,7 @@ class JobView:
             gpu_use=self.gpu_use,
             rounds=self.rounds,
             goodput=self.goodput,
+            carried=self.carried,
         )
 
     @classmethod
@@ -289,6 +293,7 @@ class JobView:
             gpu_use=None if report is None else report.gpu_use,
             rounds=() if report is None else report.rounds,
             goodput=goodput if report is None else report.goodput,
+            carried=job.carried if report is None else report.carried,
         )
 
     def placement(self) -> tuple[str, str]:

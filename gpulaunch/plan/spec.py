@@ -188,6 +188,12 @@ def draft_job(
         job_stem(opts.script),
         base_env,
     )
+    if opts.recovery.requeue.max_requeues is not None and nodes.config is not None:
+        raise UsageError(
+            "--max-requeues is for a job on one node (its ranks' restarts are this "
+            "node's alone); several nodes restart together (--max-restarts)",
+            "leave --max-requeues out, and requeue on 79 (a preemption) only",
+        )
     job = opts.job if opts.job is not None else nodes.default_job or generated_job_id(opts.script)
     problem = validate_job_id(job)
     if problem:

@@ -6,6 +6,8 @@
 - `progress.py`: whether an attempt made progress before it failed (one function);
 - `policy.py`: the decision after a failed attempt (restart, or end now and why);
 - `preempt.py`: a notice that the machine goes away (`--preempt-grace`);
+- `requeue.py`: Slurm's requeues: `--max-requeues` ("requeue me", 81) and what a run
+  carries to the next (attempts, the crash-loop state);
 - `tracker.py`: the watcher's record of its attempts, the one object it calls;
 - `settings.py`: what was asked, and the defaults; `options.py`: their command line.
 

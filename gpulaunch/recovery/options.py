@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 from collections.abc import Callable
 
 from gpulaunch.errors import UsageError
 from gpulaunch.recovery.classes import FailureClass, parse_classes
 from gpulaunch.recovery.preempt import PreemptPolicy, signal_name
+from gpulaunch.recovery.requeue import MAX_REQUEUES, Requeues
 from gpulaunch.recovery.settings import (
     CRASH_LOOP_ATTEMPTS,
     DEFAULT_RESTART_ON,
     NO_RESTART_EXIT_CODE,
     PROGRESS_AFTER,
+    REQUEUE_STATUS,
     RecoveryOptions,
     RestartPolicy,
 )
@@ -71,6 +74,12 @@ def _crash_loop(text: str) -> int:
     return int(text)
 
 
+def _requeues(text: str) -> int:
+    if not text.isdigit() or int(text) > MAX_REQUEUES:
+        raise ValueError(f"{text!r} is not a number of requeues from 0")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     try:
         seconds = float(text)
@@ -93,7 +102,7 @@ def _signals(text: str) -> frozenset[int]:
 
 def add_recovery_options(p: argparse.ArgumentParser) -> None:
     """`--restart-on`, `--no-restart-exit-code`, `--crash-loop`, `--progress-after`,
-    `--preempt-grace`, `--preempt-signal`, `--preempt-on`."""
+    `--max-requeues`, `--preempt-grace`, `--preempt-signal`, `--preempt-on`."""
     g = p.add_argument_group("restarts and preemption (see docs/recovery.md)")
     default_classes = ",".join(sorted(DEFAULT_RESTART_ON))
     g.add_argument(
@@ -129,6 +138,15 @@ def add_recovery_options(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="an attempt that ran this long made progress: it is no crash loop "
         f"(default: {PROGRESS_AFTER:g})",
+    )
+    g.add_argument(
+        "--max-requeues",
+        type=_argtype(_requeues, "e.g. --max-requeues 3"),
+        metavar="N",
+        help="in a Slurm job (sbatch --requeue): once --max-restarts are spent, a failure that "
+        f"would restart ends the run with {REQUEUE_STATUS} ('requeue me') while the job was "
+        "requeued fewer than N times (SLURM_RESTART_COUNT); attempts and crash loops count "
+        "across the runs (examples/slurm/)",
     )
     g.add_argument(
         "--preempt-grace",
@@ -180,4 +198,12 @@ def recovery_options(args: argparse.Namespace) -> RecoveryOptions:
         signal=signal.SIGTERM if args.preempt_signal is None else args.preempt_signal,
         notices=frozenset({signal.SIGTERM}) if args.preempt_on is None else args.preempt_on,
     )
-    return RecoveryOptions(restart, preempt)
+    requeue = Requeues.of_environment(args.max_requeues, os.environ)
+    if args.max_requeues is not None and requeue.slurm_job is None:
+        raise UsageError(
+            f"--max-requeues {args.max_requeues}: not in a Slurm job (no SLURM_JOB_ID), and "
+            "nothing else requeues a job",
+            "leave it out here (--max-restarts restarts inside the job), or run the job "
+            "under sbatch --requeue",
+        )
+    return RecoveryOptions(restart, preempt, requeue)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpulaunch.model import REQUEUE_STATUS as REQUEUE_STATUS  # for options.py (light)
 from gpulaunch.recovery.classes import FailureClass
 from gpulaunch.recovery.preempt import PreemptPolicy
+from gpulaunch.recovery.requeue import Requeues
 
 DEFAULT_RESTART_ON = frozenset(
     {FailureClass.EXIT, FailureClass.SIGNAL, FailureClass.HANG, FailureClass.NODE}
@@ -53,7 +55,9 @@ class RestartPolicy:
 
 @dataclass(frozen=True)
 class RecoveryOptions:
-    """Restarts by failure class and preemption, as asked (recovery/options.py)."""
+    """Restarts by failure class, preemption and Slurm's requeues, as asked
+    (recovery/options.py; the earlier run's state: start.py)."""
 
     restart: RestartPolicy = RestartPolicy()
     preempt: PreemptPolicy = PreemptPolicy()
+    requeue: Requeues = Requeues()

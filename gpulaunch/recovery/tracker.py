@@ -2,7 +2,8 @@
 
 One object the watcher (gpulaunch/watcher/loop.py) calls after each attempt (`after`)
 and when a preemption notice comes (`preempted`); `outcome` then turns the exit-status
-rules' outcome into the job's: a crash loop's or a preemption's own status.
+rules' outcome into the job's: a crash loop's, a preemption's or a requeue's own status;
+`complete` adds what a Slurm job's next run carries over (requeue.py).
 """
 
 from __future__ import annotations
@@ -15,14 +16,23 @@ from pathlib import Path
 from gpulaunch.model import (
     CRASH_LOOP_STATUS,
     PREEMPTED_STATUS,
+    REQUEUE_STATUS,
+    Carried,
     Cause,
     JobReport,
     Outcome,
     RankExit,
 )
 from gpulaunch.recovery.failure import Failure, classify
-from gpulaunch.recovery.policy import Decision, Verdict, decide
+from gpulaunch.recovery.policy import (
+    Decision,
+    Verdict,
+    crash_loop_length,
+    decide,
+    earlier_failures,
+)
 from gpulaunch.recovery.preempt import DEADLINE_FILE_ENV, PreemptPolicy, write_deadline
+from gpulaunch.recovery.requeue import Requeues
 from gpulaunch.recovery.settings import RecoveryOptions, RestartPolicy
 
 
@@ -37,6 +47,7 @@ class Recovery:
     stepped: bool = False  # the attempt that ends now: a rank reported a step (the watcher says)
     preempted_at: float | None = None  # monotonic: when the notice came
     deadline_file: Path | None = None  # where the ranks look for their deadline
+    last_failed: bool = False  # the last attempt that ended failed (else: no streak to carry)
 
     @property
     def policy(self) -> RestartPolicy:
@@ -46,16 +57,23 @@ class Recovery:
     def preempt(self) -> PreemptPolicy:
         return self.options.preempt
 
+    @property
+    def requeue(self) -> Requeues:
+        return self.options.requeue
+
     def after(
         self, outcome: Outcome, exits: Mapping[int, RankExit], stopping: bool
     ) -> Decision | None:
         """An attempt ended with `outcome`: restart it? None: it did not fail (no restart)."""
         failure = classify(outcome, exits)
+        self.last_failed = failure is not None
         if failure is None:
             return None
         self.failures.append(replace(failure, stepped=self.stepped))
         stopping = stopping or self.preempted_at is not None
-        self.decision = decide(self.options.restart, self.max_restarts, self.failures, stopping)
+        self.decision = decide(
+            self.options.restart, self.max_restarts, self.failures, stopping, self.requeue
+        )
         return self.decision
 
     def restart(
@@ -105,7 +123,27 @@ class Recovery:
         if self.decision is not None and self.decision.verdict is Verdict.CRASH_LOOP:
             if outcome.cause is not Cause.INTERRUPTED:
                 return Outcome(CRASH_LOOP_STATUS, Cause.CRASH_LOOP, outcome.cause_rank)
+        if self.decision is not None and self.decision.verdict is Verdict.REQUEUE:
+            if outcome.cause is not Cause.INTERRUPTED:
+                return Outcome(REQUEUE_STATUS, Cause.REQUEUE, outcome.cause_rank)
         return outcome
+
+    def carried(self, attempt: int, ended: bool = True) -> Carried | None:
+        """What a Slurm job's next run carries over (`attempt`: the number of the last
+        attempt, counted over the job's runs); None outside Slurm. While the job runs
+        (`ended` False, its live records): the attempts only, as its watcher may be killed
+        after this attempt made progress."""
+        if not (ended and self.last_failed and self.failures):  # its last attempt did not fail
+            return self.requeue.carry(attempt + 1, 0, "", 0)
+        every = [*earlier_failures(self.requeue), *self.failures]
+        last = self.failures[-1]
+        streak = crash_loop_length(self.policy, every)
+        return self.requeue.carry(attempt + 1, streak, last.kind.value, last.status)
+
+    def complete(self, report: JobReport, attempt: int) -> JobReport:
+        """The report with what a Slurm job's next run carries over (`carried`)."""
+        carried = self.carried(attempt)
+        return report if carried is None else replace(report, carried=carried)
 
     @property
     def line(self) -> str | None:

@@ -94,7 +94,6 @@ class Watcher(EventLoop):
         self.stdin = RankStdin(spec.stdin_rank, spec.world_size, self.output)  # --stdin-rank
         self.journal = journal  # whether the pumps write to journald
         self._lost = LostOutput(spec, self.output, journal)  # the report's lost lines
-        self.attempt = spec.layout.attempt if spec.layout else 0  # restarts so far, any node
         self._settle = Settle(spec.grace_sec)  # see _finished
         self._all_forked = False  # every rank of this attempt forked and its scope asked for
         self._runtime_dir = runtime_dir or runtime_base(spec.manager)
@@ -105,6 +104,8 @@ class Watcher(EventLoop):
         self.usage = UsageReader(spec)  # what each rank used, read as it ends
         self.hang = hang  # --hang-timeout, --dump-stacks (watcher/hangwatch.py)
         self.recovery = Recovery(spec.max_restarts, recovery or RecoveryOptions())
+        # restarts so far, any node (a requeued Slurm job's: after its earlier runs')
+        self.attempt = spec.layout.attempt if spec.layout else self.recovery.requeue.first_attempt
         self.steps = ProgressChannel(
             spec, lambda: self.ranks, self.output.message, journal, base=self._runtime_dir
         )
@@ -250,6 +251,7 @@ class Watcher(EventLoop):
             watcher_pid=os.getpid(),
             node_failure=self.nodes.failure if self.nodes else None,
             contained_in=self.contained_in,
+            carried=self.recovery.carried(self.attempt, ended=False),
         )
 
     def _finished(self) -> bool:
@@ -523,6 +525,9 @@ class Watcher(EventLoop):
         return rank_error(self._errors, self.attempt, rank, self.output.stderr_tail)
 
     def report(self) -> JobReport:
+        return self.recovery.complete(self._report(), self.attempt)  # (a Slurm run's carry)
+
+    def _report(self) -> JobReport:
         return job_report(
             self.spec,
             self.ranks,

@@ -4,6 +4,7 @@ three different reports, records and exit codes (gpulaunch/schedulers/slurm.py; 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -18,6 +19,7 @@ from tests.integration.slurm import Cluster, slurm_cluster
 pytestmark = pytest.mark.integration
 
 CHECKPOINT = str(Path(__file__).parent / "scripts" / "checkpoint.py")
+MESSAGE_ID = "74b8d59289c14f16ad639b2abe1d2863"  # gpulaunch/jobapi/record.py
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +55,15 @@ def _ended(cluster: Cluster, job_id: str, jobdir: Path, states: tuple[str, ...])
     return _output(jobdir)
 
 
-def _record(cluster: Cluster, jobdir: Path) -> dict[str, str]:
-    import json
+def _journal(cluster: Cluster, job: str) -> list[dict[str, str]]:
+    """Every run's journal record of the job, oldest first."""
+    res = cluster.run(
+        ["journalctl", "-o", "json", "--all", f"MESSAGE_ID={MESSAGE_ID}", f"GPULAUNCH_JOB={job}"]
+    )
+    return [json.loads(line) for line in res.stdout.splitlines()]
 
+
+def _record(cluster: Cluster, jobdir: Path) -> dict[str, str]:
     res = cluster.run([GPULAUNCH, "status", "--json", jobdir.name])
     assert res.returncode in (0, 79, 85, 143), res.stderr
     data: dict[str, str] = json.loads(res.stdout)
@@ -73,6 +81,7 @@ def test_scancel_is_a_stop_never_a_requeue(cluster: Cluster) -> None:
     assert cluster.job_field(job_id, "Restarts") == "0"
     record = _record(cluster, jobdir)
     assert (record["cause"], record["status"]) == ("interrupted", 143), record
+    assert [r["GPULAUNCH_CAUSE"] for r in _journal(cluster, jobdir.name)] == ["interrupted"]
 
 
 def test_a_requeue_is_a_preemption(cluster: Cluster) -> None:
@@ -82,6 +91,17 @@ def test_a_requeue_is_a_preemption(cluster: Cluster) -> None:
     wait_until(lambda: "preempted" in _output(jobdir), 120, "the first run's report")
     out = _output(jobdir)
     assert f"job {jobdir.name} preempted (status 79: requeue it)" in out, out
+    # its own record: the first run's, in the journal (the record file is the last run's);
+    # the requeued run (SLURM_RESTART_COUNT=1: the rank exits 0) numbers its attempt on
+    wait_until(lambda: cluster.job_field(job_id, "JobState") == "COMPLETED", 180, "run 2")
+    records = _journal(cluster, jobdir.name)
+    assert [(r["GPULAUNCH_CAUSE"], r["GPULAUNCH_STATUS"]) for r in records] == [
+        ("preempted", "79"),
+        ("succeeded", "0"),
+    ], records
+    runs = [json.loads(r["GPULAUNCH_SLURM_RUNS"]) for r in records]
+    assert [(r["run"], r["attempts"], r["streak"]) for r in runs] == [(0, 1, 0), (1, 2, 0)]
+    assert "run 2 of Slurm job" in _output(jobdir)
 
 
 def test_the_time_limit_is_its_own_end(cluster: Cluster) -> None:
@@ -96,3 +116,4 @@ def test_the_time_limit_is_its_own_end(cluster: Cluster) -> None:
     ), out
     record = _record(cluster, jobdir)
     assert (record["cause"], record["status"]) == ("time-limit", 85), record
+    assert [r["GPULAUNCH_CAUSE"] for r in _journal(cluster, jobdir.name)] == ["time-limit"]

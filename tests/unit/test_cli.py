@@ -164,7 +164,7 @@ def test_a_forgotten_start_is_named(
         ),
         (["--nproc", "2", "-d", "--", "-x.py", "--help"], 2, "-x.py", ["--help"]),
         (["--nproc", "3", "--no-python", "train.py"], 3, "train.py", []),
-        (["--nproc", "4", "--max-r", "1", "train.py", "-d"], 4, "train.py", ["-d"]),
+        (["--nproc", "4", "--max-res", "1", "train.py", "-d"], 4, "train.py", ["-d"]),
     ],
 )
 def test_what_follows_the_script_is_the_scripts(
