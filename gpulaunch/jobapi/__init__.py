@@ -5,7 +5,8 @@
 - `record.py`: the durable journal entry written when it ends, and reading it back;
   `filerecord.py`: the same record as a file, where no journal or bus keeps it;
 - `view.py`: `JobView`, the one shape of a job that every client shows, with
-  `rankview.py` (one rank) and `stepview.py` (the ranks' steps);
+  `rankview.py` (one rank), `stepview.py` (the ranks' steps) and `wire.py` (its nodes and
+  goodput as D-Bus tuples);
 - `client.py`: finding jobs (bus or record) and talking to a live one;
   `whose.py`: whose jobs a command is about; `procid.py`: which process a pid meant;
 - `commands.py`: `gpulaunch list | status | stop | wait`; `top.py`: `gpulaunch top`,

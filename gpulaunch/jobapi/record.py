@@ -30,7 +30,8 @@ from gpulaunch.base.protocol import RoundEnd
 from gpulaunch.errors import UnavailableError, UnknownJobError
 from gpulaunch.jobapi import whose
 from gpulaunch.jobapi.rankview import RankView, ranks_json
-from gpulaunch.jobapi.view import JobState, JobView, bus_title, node_from_wire, node_wire
+from gpulaunch.jobapi.view import JobState, JobView, bus_title
+from gpulaunch.jobapi.wire import node_from_wire, node_wire
 from gpulaunch.model import (
     Carried,
     Cause,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,14 @@ from gpulaunch.jobapi.rankview import RANK_SIGNATURE as RANK_SIGNATURE
 from gpulaunch.jobapi.rankview import STEPS_SIGNATURE, steps_wire, with_ends, with_steps
 from gpulaunch.jobapi.rankview import RankView as RankView
 from gpulaunch.jobapi.rankview import ranks_json as ranks_json
+from gpulaunch.jobapi.wire import (
+    GOODPUT_SIGNATURE,
+    NODE_SIGNATURE,
+    goodput_from_wire,
+    goodput_wire,
+    node_from_wire,
+    node_wire,
+)
 from gpulaunch.model import (
     Carried,
     Cause,
@@ -41,7 +49,6 @@ from gpulaunch.model import (
     JobProgress,
     JobReport,
     LogDrop,
-    Loss,
     Manager,
     Phase,
 )
@@ -356,48 +363,3 @@ class JobView:
             interrupted_by=str(props.get("InterruptedBy", "")),
             goodput=goodput_from_wire(props.get("Goodput")),
         )
-
-
-# known (false: no rank reported a step), wall, productive and startup seconds, whether a
-# checkpoint was reported, each failure: attempt, redone, detection, stop, restart (-1: none)
-GOODPUT_SIGNATURE = "(bdddba(idddd))"
-
-
-def goodput_wire(goodput: Goodput | None) -> list[Any]:
-    if goodput is None:
-        return [False, 0.0, 0.0, 0.0, False, []]
-    losses = [
-        [x.attempt, x.redone, x.detection, x.stop, -1.0 if x.restart is None else x.restart]
-        for x in goodput.losses
-    ]
-    return [True, goodput.wall, goodput.productive, goodput.startup, goodput.checkpoints, losses]
-
-
-def goodput_from_wire(wire: Sequence[Any] | None) -> Goodput | None:
-    if not wire or not wire[0]:
-        return None
-    _, wall, productive, startup, checkpoints, losses = wire
-    return Goodput(
-        wall=float(wall),
-        productive=float(productive),
-        startup=float(startup),
-        checkpoints=bool(checkpoints),
-        losses=tuple(
-            Loss(int(a), float(r), float(d), float(s), None if t < 0 else float(t))
-            for a, r, d, s, t in losses
-        ),
-    )
-
-
-NODE_SIGNATURE = "(isuuu)"  # node, host, first rank, ranks, watcher pid
-
-
-def node_wire(node: NodeInfo) -> list[Any]:
-    return [node.node, node.host, node.first_rank, node.nproc, node.pid]
-
-
-def node_from_wire(wire: Sequence[Any]) -> NodeInfo:
-    node, host, first, nproc, pid = wire
-    return NodeInfo(
-        node=int(node), host=str(host), first_rank=int(first), nproc=int(nproc), pid=int(pid)
-    )

@@ -13,7 +13,8 @@ import pytest
 
 from gpulaunch import progress
 from gpulaunch.jobapi.record import fields, parse
-from gpulaunch.jobapi.view import JobView, goodput_from_wire, goodput_wire
+from gpulaunch.jobapi.view import JobView
+from gpulaunch.jobapi.wire import goodput_from_wire, goodput_wire
 from gpulaunch.metrics.exposition import prometheus_text
 from gpulaunch.metrics.series import families
 from gpulaunch.model import (
