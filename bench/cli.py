@@ -35,7 +35,7 @@ from bench import frontend, machine
 from bench.context import Config, Context
 from bench.launchers import LAUNCHERS, Launcher
 from bench.report import Results, as_json, markdown, table
-from bench.scenarios import SCENARIOS
+from bench.scenarios import SCENARIOS, Scenario
 
 KEYS = [s.key for s in SCENARIOS]
 VM_KEYS = [s.key for s in SCENARIOS if s.vm]
@@ -121,6 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(config, only, chosen, out, mode, args_list, args.snapshot, args.tag)
 
 
+def selected(only: set[str]) -> list[Scenario]:
+    """The scenarios --only names; without it, every one but those in the VM lab."""
+    return [s for s in SCENARIOS if s.key in only or (not only and not s.vm)]
+
+
 def _systemd_running() -> bool:
     from sdbox import host_systemd_running  # inside the box, the box's systemd is PID 1
 
@@ -168,7 +173,7 @@ def _run(
             print(f"bench: error: cannot export {snapshot}: {exc.stderr.strip()}", file=sys.stderr)
             return 2
         results.machine["gpulaunch"] = _snapshot_label(snapshot)
-    scenarios = [s for s in SCENARIOS if s.key in only or (not only and not s.vm)]
+    scenarios = selected(only)
     if scenarios and all(s.vm for s in scenarios) and not os.environ.get(machine.IN_BOX):
         results.machine["where"] = "the host (the scenarios boot the VM lab, sdbox/vm)"
     chosen = tuple(x for x in chosen if any(x in s.launchers for s in scenarios))
