@@ -228,7 +228,8 @@ class Machine:
                 )  # fmt: skip
         tail = "\n".join(self._tail)
         raise VMError(
-            f"the VM did not boot within {BOOT_TIMEOUT:.0f} s (console: {self.console_log});"
+            f"the VM did not boot (qemu exited, or no ready line within {BOOT_TIMEOUT:.0f} s;"
+            f" console: {self.console_log});"
             f" last lines:\n{tail}"
         )
 
