@@ -9,6 +9,8 @@ writes `<out>/<date>[-TAG].md` and `.json` (full run: bench/results/; --quick:
 bench/.scratch/, a smoke test that asserts no timing). Where the host runs no
 systemd, it re-runs itself inside the project's throwaway systemd
 (`python -m sdbox run -- python -m bench ...`), so both launchers run in the same box.
+Scenarios in the VM lab (11: restart in a container against podman restarting it) run
+only when --only names them, and on the host: the VM is their systemd.
 
 Exit status: 0 when every scenario ran to its end (whatever the numbers), 1 when one
 crashed, 2 for a bad command line.
@@ -33,9 +35,10 @@ from bench import frontend, machine
 from bench.context import Config, Context
 from bench.launchers import LAUNCHERS, Launcher
 from bench.report import Results, as_json, markdown, table
-from bench.scenarios import SCENARIOS
+from bench.scenarios import SCENARIOS, Scenario
 
 KEYS = [s.key for s in SCENARIOS]
+VM_KEYS = [s.key for s in SCENARIOS if s.vm]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -54,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="N[,N]",
-        help=f"run only these scenarios ({', '.join(KEYS)}); repeatable",
+        help=f"run only these scenarios ({', '.join(KEYS)}); repeatable; those in the VM lab "
+        f"({', '.join(VM_KEYS)}) run only when named",
     )
     p.add_argument(
         "--launchers",
@@ -104,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     chosen = tuple(x for x in LAUNCHERS if not wanted or x in wanted or not x.ours)
-    if not _systemd_running():
+    in_vm_only = bool(only) and only <= set(VM_KEYS)
+    if not in_vm_only and not _systemd_running():
         return _rerun_in_box(args_list)
     config = Config.quick() if args.quick else Config()
     if args.reps is not None:
@@ -114,6 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or (SCRATCH / "quick" if args.quick else RESULTS)
     mode = "quick" if args.quick else "full"
     return _run(config, only, chosen, out, mode, args_list, args.snapshot, args.tag)
+
+
+def selected(only: set[str]) -> list[Scenario]:
+    """The scenarios --only names; without it, every one but those in the VM lab."""
+    return [s for s in SCENARIOS if s.key in only or (not only and not s.vm)]
 
 
 def _systemd_running() -> bool:
@@ -163,7 +173,9 @@ def _run(
             print(f"bench: error: cannot export {snapshot}: {exc.stderr.strip()}", file=sys.stderr)
             return 2
         results.machine["gpulaunch"] = _snapshot_label(snapshot)
-    scenarios = [s for s in SCENARIOS if not only or s.key in only]
+    scenarios = selected(only)
+    if scenarios and all(s.vm for s in scenarios) and not os.environ.get(machine.IN_BOX):
+        results.machine["where"] = "the host (the scenarios boot the VM lab, sdbox/vm)"
     chosen = tuple(x for x in chosen if any(x in s.launchers for s in scenarios))
     if Launcher.FRONTEND in chosen:
         try:

@@ -1,4 +1,6 @@
 """The scenarios, in order: 1-6 on one node, then 7 (several nodes); each returns its rows.
+Scenario 11 runs none of bench/launchers.py's: it boots the VM lab and compares gpulaunch's
+restart inside a container with podman restarting the container (`vm`: no box needed).
 
 Each names the launchers it applies to: the front end (an ordinary user's job from a
 login session) is measured where it can change the result, failure and exit (1, 1r),
@@ -22,6 +24,7 @@ from bench.scenarios import (
     metrics,
     nodes,
     output,
+    pod_restart,
     rounds,
     scale,
     watcher_kill,
@@ -38,6 +41,7 @@ class Scenario:
     run: Callable[[Context], list[Metric]]
     doc: str
     launchers: tuple[Launcher, ...] = LAUNCHERS
+    vm: bool = False  # runs in the VM lab (its own systemd): the host needs none, nor a box
 
 
 def _doc(module: object) -> str:
@@ -56,4 +60,5 @@ SCENARIOS = (
     Scenario("8", "many nodes", nodes.run, _doc(nodes), (Launcher.DIRECT, Launcher.TORCHRUN)),
     Scenario("9", "metrics scrape", metrics.run, _doc(metrics), metrics.LAUNCHERS),
     Scenario("10", "restarts across nodes", rounds.run, _doc(rounds), TWO),
+    Scenario("11", "pod restart", pod_restart.run, _doc(pod_restart), (), vm=True),
 )

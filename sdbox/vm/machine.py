@@ -158,7 +158,8 @@ class Machine:
         self.boot_seconds = 0.0
         self.state: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._ready = threading.Event()
+        self._ready = threading.Event()  # the boot wait's wake-up: ready, or qemu gone
+        self._saw_ready = False  # the guest wrote READY (not merely: qemu exited)
         self._tail: deque[str] = deque(maxlen=30)
 
     # -- lifecycle --------------------------------------------------------------
@@ -227,7 +228,8 @@ class Machine:
                 )  # fmt: skip
         tail = "\n".join(self._tail)
         raise VMError(
-            f"the VM did not boot within {BOOT_TIMEOUT:.0f} s (console: {self.console_log});"
+            f"the VM did not boot (qemu exited, or no ready line within {BOOT_TIMEOUT:.0f} s;"
+            f" console: {self.console_log});"
             f" last lines:\n{tail}"
         )
 
@@ -248,6 +250,7 @@ class Machine:
         if src_disk is not None:
             cmd += ["-drive", f"file={src_disk},format=raw,if=virtio"]
         self._ready.clear()
+        self._saw_ready = False
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,  # a terminal's ^C goes to us, we stop qemu
@@ -256,7 +259,9 @@ class Machine:
         reader = threading.Thread(target=self._read_console, args=(self._proc,), daemon=True)
         reader.start()
         self._ready.wait(timeout)
-        return self._ready.is_set() and self._proc.poll() is None
+        # Not `_ready` alone: a qemu that fails at once (KVM: "failed to set MSR 0x10a")
+        # closes its console and wakes the wait while poll() may not see it gone yet.
+        return self._saw_ready and self._proc.poll() is None
 
     def _read_console(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None and self.state is not None
@@ -266,6 +271,7 @@ class Machine:
                 log.flush()
                 self._tail.append(line.decode(errors="replace").rstrip())
                 if READY in line:  # after a getty prompt, maybe, on the same line
+                    self._saw_ready = True
                     self._ready.set()
         self._ready.set()  # qemu exited: wake the boot wait (it checks poll())
 

@@ -52,3 +52,35 @@ def test_scenario_keys_are_unique_and_the_front_end_runs_where_asked() -> None:
     assert len(keys) == len(set(keys)) and keys[:2] == ["1", "1r"]
     with_frontend = [s.key for s in SCENARIOS if Launcher.FRONTEND in s.launchers]
     assert with_frontend == ["1", "1r", "2", "3"]
+
+
+def test_the_pod_restart_is_timed_from_the_failure_to_the_last_rank_back() -> None:
+    """Scenario 11's reading of a run (bench/scenarios/pod_restart.py): the first stamp
+    of each rank after the failure, the last of them; the phases from podman's log times."""
+    from bench.scenarios.pod_restart import Way, _parse, _sample
+
+    out = "\n".join([
+        "LOAD 2.1 2.2 1.5 1/77 800",
+        "STATUS 0",
+        "STARTED 1000000012000000000 RESTARTS 1",
+        "LOG 2001-09-09T01:46:41.000000000Z gpulaunch: job x failed: rank 1 exit 3 (status 3)",
+        "FILE failed 1000000000.500000",
+        "FILE up0 1000000000.000000 0",
+        "FILE up0 1000000030.000000 0",
+        "FILE up1 1000000000.400000 0",
+        "FILE up1 1000000031.500000 0",
+    ])  # fmt: skip
+    parsed = _parse(out)
+    assert (parsed.status, parsed.restarts, parsed.started) == ("0", "1", 1000000012.0)
+    s = _sample(Way.ON_FAILURE, parsed)
+    assert s.total == 31.0 and s.stopped == 0.5 and s.restarted == 11.0 and s.up == 19.5
+    missing = _parse(out.replace("FILE up1 1000000031.500000 0", ""))
+    assert _sample(Way.ON_FAILURE, missing).total is None  # rank 1 never came back
+
+
+def test_scenarios_in_the_vm_lab_run_only_when_named() -> None:
+    from bench.cli import selected
+
+    assert "11" not in [s.key for s in selected(set())]  # a plain `python -m bench`: no VM
+    assert [s.key for s in selected({"11", "3"})] == ["3", "11"]
+    assert all(not s.launchers for s in SCENARIOS if s.vm)  # nothing for the warm-up to start

@@ -58,3 +58,21 @@ def test_accelerators(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert machine.choose_accels() == (["kvm", "tcg"] if kvm else ["tcg"])
     (tmp_path / "kvm-verdict").write_text("hangs\n")
     assert machine.choose_accels() == ["tcg"]  # tried once: not again
+
+
+def test_a_qemu_that_fails_at_once_is_not_booted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KVM on these machines: qemu prints its error and exits at once. Its console closing
+    woke the boot wait, and poll() could still see it running: "booted (kvm) in 0 s", the
+    verdict "boots" written, and every later ssh refused."""
+    fake = tmp_path / "bin" / "qemu-system-x86_64"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'qemu-system-x86_64: error: failed to set MSR 0x10a'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    vm = machine.Machine(image=image.Image(tmp_path), log=False)
+    vm.state = tmp_path
+    for _ in range(20):  # the race was lost often but not always
+        assert vm._boot("kvm", tmp_path / "overlay", None, timeout=30) is False
+        vm._kill()
