@@ -50,6 +50,7 @@ from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
+from gpulaunch.warm.process import WarmProcess
 from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, job_cgroup, kept
 from gpulaunch.watcher.launcher import why_signalled
 from gpulaunch.watcher.limits import check_job_fits
@@ -422,7 +423,20 @@ def _run(
         recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
         why_signalled=contained.why,  # its launcher's death (watcher/launcher.py)
         contained_in=None if chosen.supervisor.can.makes_units else chosen.where,  # its view
+        warm=_warm(job, output),
     ).run()
+
+
+def _warm(job: _Job, output: Output) -> WarmProcess | None:
+    """--preload: the node's warm process (gpulaunch/warm/), or None: every rank cold."""
+    modules, spec = job.draft.opts.preload, job.spec
+    if modules is None or not spec.ranks:
+        return None
+    if spec.layout is not None:  # each node's ranks are renumbered by its rounds: not yet
+        output.message("gpulaunch: warm start off, ranks start cold: not yet across nodes")
+        return None
+    first = spec.ranks[0]
+    return WarmProcess(spec.job, first.argv, first.env, modules, output.message)
 
 
 def _lease(
