@@ -142,7 +142,8 @@ def render(
     lines = [
         f"# Warm ranks against torchrun ({datetime.date.today().isoformat()})",
         "",
-        f"`python -m bench.warm --reps {args.reps}` at commit {commit} (plus the working "
+        f"`python -m bench.warm --reps {args.reps} --launchers {args.launchers}` at commit "
+        f"{commit} (plus the working "
         f"tree), in the project's systemd box; took {took:.0f} s; CPUs: {os.cpu_count()}; "
         f"load average at the start {start_load}, at the end {end_load}.",
         "",

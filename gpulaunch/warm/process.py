@@ -77,8 +77,11 @@ class WarmProcess:
             return
         loop = asyncio.get_running_loop()
         self._sock.setblocking(False)  # asyncio's way; `spawn` waits for its answers
-        said = await loop.sock_recv(self._sock, MAX_MESSAGE)
-        self._sock.setblocking(True)
+        try:
+            said = await loop.sock_recv(self._sock, MAX_MESSAGE)
+        finally:  # (cancelled: the job stops before any rank is forked)
+            if self._sock is not None:
+                self._sock.setblocking(True)
         self.ready_seen = True
         answer = json.loads(said) if said else {"cold": "the warm process ended while importing"}
         if "cold" in answer:

@@ -300,7 +300,7 @@ class Watcher(EventLoop):
             self.start_error = exc
             return
         if self.warm is not None:
-            self._run(self.warm.ready())  # its imports done (signals heard meanwhile)
+            self._await_warm()
         for index, rank in enumerate(self.ranks):
             self._on_signal()  # a big job: hear a SIGTERM between two forks, not after the last
             if self.interrupt is not None or self.stop_issued:
@@ -319,6 +319,18 @@ class Watcher(EventLoop):
         self._open_gates()
         if not self.stop_issued:
             self._set_phase(Phase.RUNNING)
+
+    def _await_warm(self) -> None:
+        """The warm process's imports done, or the job interrupted meanwhile (a Ctrl-C while
+        torch imports stops the job now: no rank is forked after it)."""
+        assert self.warm is not None
+        task = self._aio.create_task(self.warm.ready())
+        task.add_done_callback(lambda _: self._poke())
+        try:
+            self._loop(lambda: task.done() or self._stopping_asked())
+        finally:
+            if not task.done():
+                task.cancel()
 
     def _fork_rank(self, rank: Rank) -> None:
         """The rank and its log pump, both held at their gates, wired by pipes."""

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.jobs import REPO, Job
+from tests.integration.jobs import REPO, Job, assert_clean
 
 pytestmark = pytest.mark.integration
 
@@ -180,3 +181,19 @@ def test_without_preload_ranks_start_cold(job: Job) -> None:
     assert res.returncode == 0, res.stderr
     assert not seen(job, 0)["warm"] and "warm" not in res.stderr
     assert os.path.exists(job.dir / "rank0.a0.json")
+
+
+def test_a_stop_while_the_warm_process_imports_forks_no_rank(job: Job) -> None:
+    """SIGTERM to the watcher while its warm process imports (a module that takes 10
+    minutes): the job stops at once (143), no rank ran, nothing is left."""
+    argv = ["env", f"PYTHONPATH={SCRIPTS}", *job.argv("--preload", "warm_slow", script=WARM_RANK)]
+    proc = job.box.popen(argv, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    find = f"pgrep -f '^gpulaunch-warm {job.id}' | head -1 | xargs -r ps -o ppid= -p"
+    watcher = ""
+    while not watcher.strip() and proc.poll() is None:
+        watcher = job.box.run(["sh", "-c", find], capture_output=True, text=True).stdout
+    job.box.run(["kill", "-TERM", watcher.strip()], check=True)
+    _, err = proc.communicate(timeout=120)  # runaway cap: the import alone takes 600 s
+    assert proc.returncode == 143, err
+    assert not list(job.dir.glob("rank*.json")), err
+    assert_clean(job)
