@@ -197,3 +197,24 @@ def test_a_stop_while_the_warm_process_imports_forks_no_rank(job: Job) -> None:
     assert proc.returncode == 143, err
     assert not list(job.dir.glob("rank*.json")), err
     assert_clean(job)
+
+
+PROGRAMS = {
+    "ddp": (["--steps", "3"], "torch"),
+    "warm_loader": ([], "torch"),
+    "lightning_trainer": (["--devices", "2"], "torch,lightning"),
+    "lightning_fabric": (["--devices", "2"], "torch,lightning"),
+}
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_programs_run_warm(job: Job, program: str) -> None:
+    """DDP, DataLoader workers, a forkserver, Lightning's Trainer and Fabric: warm, as cold."""
+    args, preload = PROGRAMS[program]
+    argv = job.argv(
+        "--nproc", "2", "--preload", preload, script=str(SCRIPTS / f"{program}.py"),
+        script_args=args,
+    )  # fmt: skip
+    res = job.box.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "cold" not in res.stderr and "Traceback" not in res.stderr, res.stderr
