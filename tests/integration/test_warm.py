@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.jobs import REPO, Job, assert_clean
+from tests.integration.container import container
+from tests.integration.jobs import REPO, SHARED, Job, assert_clean
+from tests.integration.shared import CGROUP_LINE, gpulaunch
 
 pytestmark = pytest.mark.integration
 
@@ -218,3 +221,25 @@ def test_programs_run_warm(job: Job, program: str) -> None:
     res = job.box.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "cold" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_warm_ranks_in_the_direct_supervisors_cgroups() -> None:
+    """The direct supervisor with cgroups of its own (a container's writable cgroup2): each
+    warm rank is in its own cgroup at its first line, the warm process in the watcher's,
+    and nothing is left."""
+    work = SHARED / f"warm-direct-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    with container() as ct:
+        res = ct.run(
+            gpulaunch(work, "start", "--nproc", "2", "--preload", "json", WARM_RANK,
+                      "--dir", str(work), "--exit-rank", "1", "--code", "5")
+        )  # fmt: skip
+        assert res.returncode == 5, res.stdout
+        assert CGROUP_LINE in res.stdout and "cold" not in res.stdout, res.stdout
+        for rank in (0, 1):
+            s = json.loads((work / f"rank{rank}.a0.json").read_text())
+            assert s["warm"] and s["cgroup"].endswith(f"/rank{rank}"), s
+            assert s["parent_cgroup"].endswith("/watcher"), s
+            [warm] = s["warm_processes"]
+            assert warm.endswith("/watcher"), s
+        assert ct.leftovers() == []
