@@ -168,14 +168,18 @@ def start(
     keeper = fork_keeper_for(job.spec) if direct_likely(opts.supervisor) else None
     output, journal = _open_output(view, detach, job.spec)
     wakeup = install_wakeup()
+    warm = _warm(job, output)
     with ExitStack() as stack:
+        if warm is not None and (keeper is not None or opts.supervisor is SupervisorKind.SYSTEMD):
+            warm.start()  # now: its imports overlap the rest (no keeper is forked after it)
+            stack.callback(warm.close)
         if gate is not None:
             stack.callback(gate.close)
         job = _join(job, output, wakeup, stack)
         contained = _contain(opts, job, entry, keeper, output, stack)
         parts = _parts(job, entry, contained, output, detached, metrics, gate)
         try:
-            report = _run(job, contained, parts, output, journal, wakeup)
+            report = _run(job, contained, parts, output, journal, wakeup, warm)
         finally:
             ignore_interrupts()  # the end is decided: its status is the exit status
     print(format_report(report), file=sys.stderr, flush=True)
@@ -394,7 +398,13 @@ class _StartLine(Part):
 
 
 def _run(
-    job: _Job, contained: _Contained, parts: list[Part], output: Output, journal: bool, wakeup: int
+    job: _Job,
+    contained: _Contained,
+    parts: list[Part],
+    output: Output,
+    journal: bool,
+    wakeup: int,
+    warm: WarmProcess | None,
 ) -> JobReport:
     """The watcher, with the job's parts, to the job's end."""
     from gpulaunch.watcher.hangwatch import HangWatch
@@ -423,7 +433,7 @@ def _run(
         recovery=job.draft.opts.recovery,  # restarts by failure class, preemption
         why_signalled=contained.why,  # its launcher's death (watcher/launcher.py)
         contained_in=None if chosen.supervisor.can.makes_units else chosen.where,  # its view
-        warm=_warm(job, output),
+        warm=warm,  # --preload (gpulaunch/warm/): started already where no keeper follows
     ).run()
 
 
@@ -432,11 +442,11 @@ def _warm(job: _Job, output: Output) -> WarmProcess | None:
     modules, spec = job.draft.opts.preload, job.spec
     if modules is None or not spec.ranks:
         return None
-    if spec.layout is not None:  # each node's ranks are renumbered by its rounds: not yet
-        output.message("gpulaunch: warm start off, ranks start cold: not yet across nodes")
-        return None
     first = spec.ranks[0]
-    return WarmProcess(spec.job, first.argv, first.env, modules, output.message)
+    warm = WarmProcess(spec.job, first.argv, first.env, modules, output.message)
+    if spec.node_config is not None:  # each node's ranks are renumbered by its rounds: not yet
+        warm.cold = "not yet across nodes"
+    return warm
 
 
 def _lease(

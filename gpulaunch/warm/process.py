@@ -1,6 +1,8 @@
 """The launcher's side of the warm process: start it, wait for its imports, ask it for ranks.
 
-The watcher (watcher/loop.py) starts it first thing, before the job's containment exists
+start.py starts it right after the plan where no keeper is forked after it (the systemd
+supervisor asked for, or the direct supervisor's keeper forked already), else the watcher
+(watcher/loop.py) starts it first thing; either way before the job's containment exists
 (it moves with the watcher into the watcher's scope or cgroup: `pid` is handed to the
 supervisor's `create`), waits for its imports only before the first rank is forked
 (`ready`, on the watcher's loop: signals are heard meanwhile), and then asks it for each
@@ -55,7 +57,10 @@ class WarmProcess:
         return self._child.pid if self._child is not None else None
 
     def start(self) -> int | None:
-        """Fork and exec the warm process (it imports at once); its pid, or None: cold."""
+        """Fork and exec the warm process (it imports at once); its pid, or None: cold.
+        Once: start.py starts it as early as it may, else the watcher does."""
+        if self._child is not None:
+            return self._child.pid
         if self.cold is not None:
             self._off(self.cold)
             return None
