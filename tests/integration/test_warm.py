@@ -205,6 +205,7 @@ def test_a_stop_while_the_warm_process_imports_forks_no_rank(job: Job) -> None:
 PROGRAMS = {
     "ddp": (["--steps", "3"], "torch"),
     "warm_loader": ([], "torch"),
+    "warm_compile": ([], "torch"),
     "lightning_trainer": (["--devices", "2"], "torch,lightning"),
     "lightning_fabric": (["--devices", "2"], "torch,lightning"),
 }
@@ -212,7 +213,8 @@ PROGRAMS = {
 
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_programs_run_warm(job: Job, program: str) -> None:
-    """DDP, DataLoader workers, a forkserver, Lightning's Trainer and Fabric: warm, as cold."""
+    """DDP, DataLoader workers, a forkserver, torch.compile, Lightning's Trainer and Fabric:
+    warm, as cold."""
     args, preload = PROGRAMS[program]
     argv = job.argv(
         "--nproc", "2", "--preload", preload, script=str(SCRIPTS / f"{program}.py"),
