@@ -103,15 +103,24 @@ def test_a_warm_rank_dies_of_its_own_signal(job: Job, supervisor: str) -> None:
     assert seen(job, 0)["warm"]
 
 
-def test_a_warm_rank_raises_as_python_shows_it(job: Job) -> None:
+@pytest.mark.parametrize(
+    ("how", "status", "last"),
+    [
+        ("--raise-rank", 1, "RuntimeError: rank 0 raises"),
+        ("--interrupt-rank", 130, "KeyboardInterrupt"),
+    ],
+)
+def test_a_warm_rank_raises_as_python_shows_it(job: Job, how: str, status: int, last: str) -> None:
     res = run(
-        job, "systemd", "--nproc", "1", "--preload", "json", script_args=["--raise-rank", "0"]
-    )
-    assert res.returncode == 1, res.stderr
-    tb = res.stderr[res.stderr.index("Traceback") :]
+        job, "systemd", "--nproc", "1", "--preload", "json", script_args=(how, "0"),
+        env=("OMP_NUM_THREADS=1",),  # one rank: else OpenBLAS's threads (see the test below)
+    )  # fmt: skip
+    assert res.returncode == status, res.stderr  # 130: it died of SIGINT, as CPython does
+    assert seen(job, 0)["warm"], res.stderr
+    tb = res.stderr[res.stderr.index("[0] Traceback") :].splitlines()
     # the first frame is the script's, as in a cold start (none of the warm process's)
-    assert tb.splitlines()[1].startswith(f'[0]   File "{WARM_RANK}", line'), tb
-    assert "server.py" not in res.stderr and "RuntimeError: rank 0 raises" in tb
+    assert tb[1].startswith(f'[0]   File "{WARM_RANK}", line'), tb
+    assert "server.py" not in res.stderr and f"[0] {last}" in tb, tb
 
 
 @pytest.mark.parametrize("supervisor", SUPERVISORS)

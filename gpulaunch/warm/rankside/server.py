@@ -263,12 +263,13 @@ def run(argv: list[str]) -> None:
     except SystemExit:
         raise  # the interpreter's own handling: its code, its message
     except KeyboardInterrupt as exc:
-        sys.excepthook(type(exc), exc, _user_frames(exc.__traceback__))
+        exc.with_traceback(_user_frames(exc.__traceback__))  # what excepthook prints
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         _exit_by_sigint()
     except BaseException as exc:
-        sys.last_type, sys.last_value = type(exc), exc
-        sys.last_traceback = _user_frames(exc.__traceback__)
-        sys.excepthook(type(exc), exc, sys.last_traceback)
+        exc.with_traceback(_user_frames(exc.__traceback__))
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
 
 

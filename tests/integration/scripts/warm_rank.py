@@ -94,6 +94,8 @@ def main() -> None:
         os.kill(os.getpid(), getattr(signal, opt("--signal") or "SIGKILL"))
     if opt("--raise-rank") == str(rank):
         raise RuntimeError(f"rank {rank} raises")
+    if opt("--interrupt-rank") == str(rank):
+        raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
