@@ -21,9 +21,17 @@ import pytest
 
 from tests.integration.container import container
 from tests.integration.jobs import REPO, SHARED, Job, assert_clean
-from tests.integration.shared import CGROUP_LINE, gpulaunch
+from tests.integration.shared import (
+    CGROUP_LINE,
+    Login,
+    assert_user_clean,
+    gpulaunch,
+    login,
+    ujob,
+)
 
 pytestmark = pytest.mark.integration
+__all__ = ["login", "ujob"]  # fixtures
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
 WARM_RANK = str(SCRIPTS / "warm_rank.py")
@@ -254,3 +262,17 @@ def test_warm_ranks_in_the_direct_supervisors_cgroups() -> None:
             [warm] = s["warm_processes"]
             assert warm.endswith("/watcher"), s
         assert ct.leftovers() == []
+
+
+def test_an_ordinary_users_job_starts_warm(login: Login, ujob: Job) -> None:
+    """From a login shell (the front end; the watcher a service of the user manager): the
+    warm process lives where that manager can move its ranks from, each in its scope."""
+    res = login.run(ujob.argv("--nproc", "2", "--preload", "json", script=WARM_RANK))
+    assert res.returncode == 0, res.stderr
+    assert "cold" not in res.stderr, res.stderr
+    for rank in (0, 1):
+        s = seen(ujob, rank)
+        assert s["warm"] and s["cgroup"].endswith(f"/{ujob.names.stem}-rank{rank}.scope"), s
+        [warm] = s["warm_processes"]
+        assert warm.endswith(f"/{ujob.names.stem}-watcher.scope"), s
+    assert_user_clean(login, ujob)
