@@ -71,3 +71,17 @@ def inotify_read(fd: int) -> list[tuple[int, int, bytes]]:
 def inotify_events(fd: int) -> list[int]:
     """The watch descriptors of the events waiting on `fd` (none: an empty list)."""
     return [wd for wd, _mask, _name in inotify_read(fd)]
+
+
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def set_subreaper(on: bool) -> bool:
+    """Be a child subreaper or not; returns whether we were one before."""
+    was = ctypes.c_int(0)
+    _check(
+        _libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0),
+        "prctl(PR_GET_CHILD_SUBREAPER)",
+    )
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    return bool(was.value)

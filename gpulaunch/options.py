@@ -26,6 +26,7 @@ from gpulaunch.progress.options import add_straggler_options, straggler_rule
 from gpulaunch.recovery.options import add_recovery_options, recovery_options
 from gpulaunch.schedulers.options import add_scheduler_options, scheduler_options
 from gpulaunch.units.templates import units_dir_problem
+from gpulaunch.warm.fit import modules_option
 
 
 def add_manager_options(
@@ -184,12 +185,39 @@ def add_torchrun_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="restart all ranks up to N times after a failure (default: 0)",
     )
+    _add_warm_options(p)
     add_recovery_options(p)
     _add_node_options(p)
     add_straggler_options(p)
     add_scheduler_options(p)
     for flags in TORCHRUN_ONLY:
         p.add_argument(*flags, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
+
+
+def _add_warm_options(p: argparse.ArgumentParser) -> None:
+    """--preload, --no-preload: warm ranks (gpulaunch/warm/, README's "Warm ranks")."""
+    p.add_argument(
+        "--preload",
+        type=_preload_modules,
+        default=None,
+        metavar="MODULE,...",
+        help="start ranks warm: fork each from a process that imported torch, "
+        "torch.distributed and MODULE,... (e.g. --preload torch); off by default",
+    )
+    p.add_argument(
+        "--no-preload",
+        dest="preload",
+        action="store_const",
+        const=None,
+        help="start every rank as a new interpreter (the default)",
+    )
+
+
+def _preload_modules(value: str) -> tuple[str, ...]:
+    try:
+        return modules_option(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_node_options(p: argparse.ArgumentParser) -> None:
@@ -456,6 +484,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
         machine_root=args.machine_root,
         launch=args.launch or Launch.SCRIPT,
         max_restarts=args.max_restarts,
+        preload=args.preload,
         nodes=NodeOptions(
             nnodes=args.nnodes,
             node_rank=args.node_rank,

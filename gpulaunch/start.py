@@ -51,6 +51,7 @@ from gpulaunch.supervisor.choose import Chosen, systemd_wanted
 from gpulaunch.units.definitions import JobUnits, UnitDefinition
 from gpulaunch.units.job import render_units
 from gpulaunch.units.templates import Templates
+from gpulaunch.warm.process import WarmProcess
 from gpulaunch.watcher.keep import direct_likely, fork_keeper_for, job_cgroup, kept
 from gpulaunch.watcher.launcher import why_signalled
 from gpulaunch.watcher.limits import check_job_fits
@@ -168,14 +169,18 @@ def start(
     keeper = fork_keeper_for(job.spec) if direct_likely(opts.supervisor) else None
     output, journal = _open_output(view, detach, job.spec)
     wakeup = install_wakeup()
+    warm = _warm(job, output)
     with ExitStack() as stack:
+        if warm is not None and (keeper is not None or opts.supervisor is SupervisorKind.SYSTEMD):
+            warm.start()  # now: its imports overlap the rest (no keeper is forked after it)
+            stack.callback(warm.close)
         if gate is not None:
             stack.callback(gate.close)
         job = _join(job, output, wakeup, stack)
         contained = _contain(opts, job, entry, keeper, output, stack)
         parts = _parts(job, entry, contained, output, detached, metrics, gate)
         try:
-            report = _run(job, contained, parts, output, journal, wakeup)
+            report = _run(job, contained, parts, output, journal, wakeup, warm)
         finally:
             ignore_interrupts()  # the end is decided: its status is the exit status
     print(format_report(report), file=sys.stderr, flush=True)
@@ -406,7 +411,13 @@ class _StartLine(Part):
 
 
 def _run(
-    job: _Job, contained: _Contained, parts: list[Part], output: Output, journal: bool, wakeup: int
+    job: _Job,
+    contained: _Contained,
+    parts: list[Part],
+    output: Output,
+    journal: bool,
+    wakeup: int,
+    warm: WarmProcess | None,
 ) -> JobReport:
     """The watcher, with the job's parts, to the job's end."""
     from gpulaunch.watcher.hangwatch import HangWatch
@@ -435,6 +446,7 @@ def _run(
         recovery=_recovery(job.spec, job.draft.opts.recovery),  # by failure class, preemption
         why_signalled=contained.why,  # its launcher's death (watcher/launcher.py)
         contained_in=None if chosen.supervisor.can.makes_units else chosen.where,  # its view
+        warm=warm,  # --preload (gpulaunch/warm/): started already where no keeper follows
     ).run()
 
 
@@ -448,6 +460,18 @@ def _recovery(spec: JobSpec, options: RecoveryOptions) -> RecoveryOptions:
 
     carried = earlier_run(spec.job, spec.manager, os.environ)
     return replace(options, requeue=requeue.with_earlier(carried))
+
+
+def _warm(job: _Job, output: Output) -> WarmProcess | None:
+    """--preload: the node's warm process (gpulaunch/warm/), or None: every rank cold."""
+    modules, spec = job.draft.opts.preload, job.spec
+    if modules is None or not spec.ranks:
+        return None
+    first = spec.ranks[0]
+    warm = WarmProcess(spec.job, first.argv, first.env, modules, output.message)
+    if spec.node_config is not None:  # each node's ranks are renumbered by its rounds: not yet
+        warm.cold = "not yet across nodes"
+    return warm
 
 
 def _lease(

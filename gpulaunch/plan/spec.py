@@ -83,6 +83,7 @@ class StartOptions:
     machine_root: Path | None = None  # test stand-in: a fake /proc and /sys (--machine-root)
     launch: Launch = Launch.SCRIPT
     max_restarts: int = 0
+    preload: tuple[str, ...] | None = None  # --preload: warm ranks (gpulaunch/warm/); None: cold
     nodes: NodeOptions = NodeOptions()  # --nnodes, --node-rank, --rdzv-*, --local-addr
     signal_whole_rank: bool = False  # --signal-whole-rank
     stdin_rank: int | None = 0  # --stdin-rank (None: none)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from gpulaunch.base.procs import fork_held, spawn_held
+from gpulaunch.base.procs import HeldChild, fork_held, spawn_held
 from gpulaunch.logs.pump import IGNORED_SIGNALS, JournalTarget, run_pump
 from gpulaunch.watcher.ranks import Rank
 
@@ -24,6 +24,9 @@ def fork_rank(
     born: Callable[[Rank], None],
     stdin: Callable[[int], tuple[int, bool]] | None = None,
     inherited: Sequence[int] = (),
+    spawn: Callable[[Sequence[str], Mapping[str, str], Mapping[int, int], int], HeldChild] = (
+        spawn_held
+    ),
 ) -> tuple[int, int]:
     """Fork `rank` (its `child`) and its log pump (its `pump`), both held at their gates.
 
@@ -32,7 +35,8 @@ def fork_rank(
     fd 0 and whether to close it here (watcher/terminal.py; None: the watcher's). Returns
     the read ends of the live stdout and stderr pipes, for the terminal's output.
     `inherited`: fds the rank gets at 3, 4, ... (the job's parts', gpulaunch/parts.py: a GPU
-    lease's lasts as long as its ranks).
+    lease's lasts as long as its ranks). `spawn`: how the rank's process is made, held at
+    its gate (a new interpreter, or a fork of the warm process: gpulaunch/warm/).
     """
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -42,7 +46,7 @@ def fork_rank(
     stdin_fd, own = stdin(rank.spec.rank) if stdin is not None else (0, False)
     try:
         fds = {0: stdin_fd, 1: out_w, 2: err_w, **{3 + i: fd for i, fd in enumerate(inherited)}}
-        rank.child = spawn_held(rank.spec.argv, dict(env), fds, death_signal)
+        rank.child = spawn(rank.spec.argv, dict(env), fds, death_signal)
         born(rank)
         rank.pump = fork_held(
             lambda: run_pump(

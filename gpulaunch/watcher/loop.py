@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 from gpulaunch.base.interrupts import NOTICES, RESUMED, pending
-from gpulaunch.base.procs import kill_and_reap, reap
+from gpulaunch.base.procs import HeldChild, kill_and_reap, reap, spawn_held
 from gpulaunch.base.protocol import NodeFailure
 from gpulaunch.errors import GpulaunchError, StoppedWhileStartingError
 from gpulaunch.logs.journal import journal_limit
@@ -33,6 +33,7 @@ from gpulaunch.recovery.settings import RecoveryOptions
 from gpulaunch.recovery.tracker import Recovery
 from gpulaunch.supervisor import Supervisor
 from gpulaunch.units.definitions import JobUnits
+from gpulaunch.warm.process import WarmProcess
 from gpulaunch.watcher.drops import LostOutput
 from gpulaunch.watcher.errorfile import ErrorFiles, rank_error, runtime_base
 from gpulaunch.watcher.errorwatch import ErrorFileWatch, tearing_down
@@ -70,6 +71,7 @@ class Watcher(EventLoop):
         recovery: RecoveryOptions | None = None,
         why_signalled: Callable[[int], str | None] = lambda signum: None,
         contained_in: str | None = None,
+        warm: WarmProcess | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -106,6 +108,7 @@ class Watcher(EventLoop):
         self.recovery = Recovery(spec.max_restarts, recovery or RecoveryOptions())
         # restarts so far, any node (a requeued Slurm job's: after its earlier runs')
         self.attempt = spec.layout.attempt if spec.layout else self.recovery.requeue.first_attempt
+        self.warm = warm  # --preload: ranks forked from a warm process (gpulaunch/warm/)
         self.steps = ProgressChannel(
             spec, lambda: self.ranks, self.output.message, journal, base=self._runtime_dir
         )
@@ -135,6 +138,9 @@ class Watcher(EventLoop):
             )
             if self.nodes is not None:
                 self.nodes.attach(self._watch, self._aio.remove_reader)
+            if self.warm is not None:  # first: it imports while the units are made
+                self.warm.start()
+                stack.callback(self.warm.close)
             self._create_job_units(stack)
             self._errors = stack.enter_context(
                 ErrorFiles(self._runtime_dir, self.spec.names.component)
@@ -283,6 +289,8 @@ class Watcher(EventLoop):
         # The peer shares our containment: it outlives us just long enough to tell
         # the other nodes that we died.
         pids = (os.getpid(),) if self.nodes is None else (os.getpid(), self.nodes.peer.pid)
+        if self.warm is not None and self.warm.pid is not None:  # it lives beside us
+            pids = (*pids, self.warm.pid)
         self._run(self.supervisor.create((*pids, *self.stdin.readers)))
 
     def _start_ranks(self) -> None:
@@ -293,6 +301,8 @@ class Watcher(EventLoop):
         except GpulaunchError as exc:  # as a failed start: the gang stops, the job ends
             self.start_error = exc
             return
+        if self.warm is not None:
+            self._await_warm()
         for index, rank in enumerate(self.ranks):
             self._on_signal()  # a big job: hear a SIGTERM between two forks, not after the last
             if self.interrupt is not None or self.stop_issued:
@@ -311,6 +321,18 @@ class Watcher(EventLoop):
         self._open_gates()
         if not self.stop_issued:
             self._set_phase(Phase.RUNNING)
+
+    def _await_warm(self) -> None:
+        """The warm process's imports done, or the job interrupted meanwhile (a Ctrl-C while
+        torch imports stops the job now: no rank is forked after it)."""
+        assert self.warm is not None
+        task = self._aio.create_task(self.warm.ready())
+        task.add_done_callback(lambda _: self._poke())
+        try:
+            self._loop(lambda: task.done() or self._stopping_asked())
+        finally:
+            if not task.done():
+                task.cancel()
 
     def _fork_rank(self, rank: Rank) -> None:
         """The rank and its log pump, both held at their gates, wired by pipes."""
@@ -338,13 +360,29 @@ class Watcher(EventLoop):
 
         death = self.supervisor.parent_death_signal
         live_out_r, live_err_r = fork_rank(
-            rank, env, target, death, born, self.stdin.fd_for, setup.fds
+            rank, env, target, death, born, self.stdin.fd_for, setup.fds, self._spawner(rank)
         )
         assert rank.pump is not None
         self.pump_pids.setdefault(rank.spec.rank, []).append(rank.pump.pid)
         self._watch(rank.pump.pidfd, self._pump_handler(rank))
         self.output.add_pipe(live_out_r, rank.spec.rank, Stream.STDOUT)
         self.output.add_pipe(live_err_r, rank.spec.rank, Stream.STDERR)
+
+    def _spawner(
+        self, rank: Rank
+    ) -> Callable[[Sequence[str], Mapping[str, str], Mapping[int, int], int], HeldChild]:
+        """A new interpreter (spawn_held), or a fork of the warm process where it can be."""
+        warm = self.warm
+        if warm is None:
+            return spawn_held
+
+        def spawn(
+            argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, int], death: int
+        ) -> HeldChild:
+            child = warm.spawn(rank.spec.rank, argv, env, fds, death)
+            return child if child is not None else spawn_held(argv, env, fds, death)
+
+        return spawn
 
     # -- events -----------------------------------------------------------
 

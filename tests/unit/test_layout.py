@@ -120,7 +120,8 @@ def test_no_module_is_loaded_by_a_name_in_a_string() -> None:
         text = path.read_text()
         for line in text.splitlines():
             if "import_module(" in line or "__import__(" in line:
-                assert '"pynvml"' in line, (name, line)
+                # the warm process imports the user's --preload modules, none of ours
+                assert '"pynvml"' in line or name == "gpulaunch.warm.rankside.server", (name, line)
 
 
 def test_the_folders_form_no_cycle() -> None:
