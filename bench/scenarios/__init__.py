@@ -19,6 +19,7 @@ from bench.scenarios import (
     failure,
     footprint,
     launch,
+    membership,
     metrics,
     nodes,
     output,
@@ -56,4 +57,5 @@ SCENARIOS = (
     Scenario("8", "many nodes", nodes.run, _doc(nodes), (Launcher.DIRECT, Launcher.TORCHRUN)),
     Scenario("9", "metrics scrape", metrics.run, _doc(metrics), metrics.LAUNCHERS),
     Scenario("10", "restarts across nodes", rounds.run, _doc(rounds), TWO),
+    Scenario("11", "a lost node, gpulaunch's rendezvous", membership.run, _doc(membership), TWO),
 )
