@@ -166,6 +166,7 @@ def _measure(
         else:
             victim.proc.kill()  # gpulaunch's watcher itself (the launcher we started)
         survivors = world - NPROC
+    deadline = time.monotonic() + CAP_S  # from the event: the start's share is not the cap's
     while len(firsts := procs.read_stamps(d, "first")) < survivors:
         if time.monotonic() > deadline:
             ctx.problem(f"rounds {kind} ({launcher}): {len(firsts)} ranks restarted in {CAP_S} s")

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +132,8 @@ class MembershipHandler:
         threading.Thread(target=worker, name="membership", daemon=True).start()
 
     def _connection(self, timeout: float | None = None) -> Any:
-        """A connection of this thread's own to the membership's keys."""
+        """A connection of this thread's own to the membership's keys: made with the join
+        timeout (a loaded store may be slow to accept), then used with `timeout`."""
         from torch._C._distributed_c10d import PrefixStore, TCPStore
 
         store = TCPStore(
@@ -139,8 +141,10 @@ class MembershipHandler:
             self._port,
             is_master=False,
             wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=timeout or self.join_timeout),
+            timeout=datetime.timedelta(seconds=self.join_timeout),
         )
+        if timeout is not None:
+            store.set_timeout(datetime.timedelta(seconds=timeout))
         return PrefixStore(f"gpulaunch-rdzv/{self._run_id}/", store)
 
     # -- torch's RendezvousHandler ------------------------------------------
@@ -223,30 +227,30 @@ class MembershipHandler:
     # -- the heartbeat, and the decider -----------------------------------------
 
     def _beat_only(self) -> None:
-        store = self._connection(self.liveness.silent)
-        while not self._stop.wait(self.liveness.interval):
-            try:
-                store.add(f"beat/{self.me}", 1)
-            except Exception:  # noqa: BLE001 - a slow store: a new connection
-                try:
-                    store = self._connection(self.liveness.silent)
-                except Exception:  # noqa: BLE001 - it is gone: the peer says so
-                    return
+        self._beating(lambda store: store.add(f"beat/{self.me}", 1))
 
     def _decide(self) -> None:
         """The node serving the store: beat, judge who is alive, close the open round."""
-        store = self._connection(self.liveness.silent)
         seen: dict[str, tuple[int, float]] = {}  # node -> (its counter, when it last moved)
         nodes: list[str] = []
-        state = _Round()
+        state = [_Round()]
+
+        def tick(store: Any) -> None:
+            state[0] = self._tick(store, seen, nodes, state[0])
+
+        self._beating(tick)
+
+    def _beating(self, beat: Callable[[Any], None]) -> None:
+        """`beat` every interval until shutdown; a slow or broken store costs a new
+        connection, never the thread (the peer says when the store is gone)."""
+        store = None
         while not self._stop.wait(self.liveness.interval):
             try:
-                state = self._tick(store, seen, nodes, state)
-            except Exception:  # noqa: BLE001 - a slow answer: a new connection, next tick
-                try:
+                if store is None:
                     store = self._connection(self.liveness.silent)
-                except Exception:  # noqa: BLE001
-                    return
+                beat(store)
+            except Exception:  # noqa: BLE001 - a slow answer: a new connection, next beat
+                store = None
 
     def _tick(
         self, store: Any, seen: dict[str, tuple[int, float]], nodes: list[str], state: _Round
@@ -279,9 +283,9 @@ class MembershipHandler:
         if not can_close(state.joined, alive, self.min_nodes, self.max_nodes, over):
             return state
         members = node_order(state.previous, state.joined, alive, self.max_nodes)
-        decided = {"members": members, "at": time.time()}
-        store.compare_set(f"r{g}/members", "", json.dumps(decided))
-        store.add("open", 1)
+        decided = json.dumps({"members": members, "at": time.time()})
+        if store.compare_set(f"r{g}/members", "", decided) == decided.encode():
+            store.add("open", 1)  # (only by whoever closed it: one decider per store)
         return _Round(g + 1, members)
 
 

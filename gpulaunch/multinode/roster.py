@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -72,7 +73,7 @@ def membership(
 
 def write(path: str, data: dict[str, Any]) -> None:
     """Replace the file at `path` whole (readable by the ranks, whoever they run as)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(data, indent=1) + "\n")

@@ -84,8 +84,10 @@ def spares(job: MultiJob, backend: str = "c10d") -> int:
 
     store = TCPStore("127.0.0.1", job.port, is_master=False, wait_for_workers=False)
     if backend == "gpulaunch":
-        keys = f"gpulaunch-rdzv/{job.id}/"
-        return int(store.add(f"{keys}r{store.add(f'{keys}open', 0)}/n", 0))
+        from torch.distributed import PrefixStore
+
+        keys = PrefixStore(f"gpulaunch-rdzv/{job.id}/", store)
+        return int(keys.add(f"r{keys.add('open', 0)}/n", 0))
     raw = store.get(f"torch.rendezvous.{job.id}")
     if raw == b"Y2FuaW1hZGFt":  # torch's sentinel for "no state yet"
         return 0
