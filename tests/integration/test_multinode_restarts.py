@@ -214,6 +214,8 @@ def test_a_node_stalled_for_a_second_is_not_lost(mjob: MultiJob) -> None:
     box.run(["pkill", "-STOP", "-f", mjob.id], capture_output=True)
     time.sleep(1.0)  # the stall itself (what is injected), not a claim about speed
     box.run(["pkill", "-CONT", "-f", mjob.id], capture_output=True)
+    # nsenter (outside the box) stops itself when its child stops: it goes on too
+    os.kill(procs[2].pid, signal.SIGCONT)
     # A false loss would be told at once: the cause stops every node's ranks (a `term`
     # stamp each) and every node says so.
     time.sleep(4.0)  # twice the bound: a loss of the stall would be declared by now
