@@ -118,6 +118,17 @@ def wait_gone(
         time.sleep(interval)
 
 
+def signal_token(token: str, signum: int) -> int:
+    """Send `signum` to every process carrying `token` (a node frozen: SIGSTOP)."""
+    pids = job_pids(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
 def kill_token(token: str, cap: float = 10.0) -> int:
     """SIGKILL every process carrying `token` (our own leftovers); returns how many there were."""
     pids = job_pids(token)

@@ -15,7 +15,13 @@ from gpulaunch.errors import UsageError
 from gpulaunch.logs.output import LOG_DIR_HINT, OutputOptions, log_dir_problem, parse_ranks
 from gpulaunch.model import Manager, SupervisorKind
 from gpulaunch.numberlist import parse_number_list
-from gpulaunch.plan.bounds import MAX_NNODES, MAX_NPROC, MAX_RESTARTS
+from gpulaunch.plan.bounds import (
+    MAX_NNODES,
+    MAX_NODE_TIMEOUT,
+    MAX_NPROC,
+    MAX_RESTARTS,
+    MIN_NODE_TIMEOUT,
+)
 from gpulaunch.plan.gpus import parse_gpu_list
 from gpulaunch.plan.leaserequest import LeaseRequest, parse_request
 from gpulaunch.plan.nodes import NodeOptions
@@ -73,6 +79,15 @@ def _seconds(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def _node_timeout(text: str) -> float:
+    seconds = _seconds(text)
+    if not MIN_NODE_TIMEOUT <= seconds <= MAX_NODE_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be between {MIN_NODE_TIMEOUT:g} and {MAX_NODE_TIMEOUT:g} seconds, not {text}"
+        )
+    return seconds
 
 
 def _nproc(text: str) -> int | str:
@@ -239,7 +254,9 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
         "--rdzv-backend",
         "--rdzv_backend",
         metavar="NAME",
-        help="static (default: --master-addr/--master-port) or c10d (--rdzv-endpoint)",
+        help="static (default: --master-addr/--master-port), c10d (torch's, --rdzv-endpoint) "
+        "or gpulaunch (gpulaunch's own on torch's store: a lost node is out within "
+        "--node-timeout; docs/multinode.md)",
     )
     g.add_argument(
         "--rdzv-endpoint",
@@ -255,6 +272,13 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--rdzv-conf", "--rdzv_conf", metavar="K=V,...", help="options for torch's rendezvous"
+    )
+    g.add_argument(
+        "--node-timeout",
+        type=_node_timeout,
+        metavar="S",
+        help="a node silent this long is lost (default: 2 with --rdzv-backend gpulaunch, "
+        "else 6; 0.5 to 600)",
     )
     g.add_argument(
         "--local-addr",
@@ -493,6 +517,7 @@ def start_options(args: argparse.Namespace) -> StartOptions:
             rdzv_id=args.rdzv_id,
             rdzv_conf=args.rdzv_conf,
             local_addr=args.local_addr,
+            node_timeout=args.node_timeout,
         ),
         signal_whole_rank=args.signal_whole_rank,
         stdin_rank=args.stdin_rank,

@@ -272,10 +272,16 @@ def _join(job: _Job, output: Output, wakeup: int, stack: ExitStack) -> _Job:
     cfg = job.spec.node_config
     if cfg is None:
         return job
+    from gpulaunch.multinode import roster
     from gpulaunch.multinode.peerlink import PeerLink
+    from gpulaunch.watcher.errorfile import runtime_base, runtime_dir
     from gpulaunch.watcher.rounds import renumber
 
+    # each round's membership, for the ranks (GPULAUNCH_MEMBERSHIP_FILE; the peer writes it)
+    members = runtime_dir(runtime_base(job.spec.manager)) / f"{job.spec.job}.membership.json"
+    cfg = replace(cfg, membership_file=str(members))
     peer = PeerLink.spawn(cfg, job.draft)
+    stack.callback(roster.remove, str(members))
     stack.callback(peer.close)
     output.message(
         f"gpulaunch: job {job.spec.job}: waiting for {cfg.wanted} nodes at {cfg.endpoint} "

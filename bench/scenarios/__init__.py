@@ -21,6 +21,7 @@ from bench.scenarios import (
     failure,
     footprint,
     launch,
+    membership,
     metrics,
     nodes,
     output,
@@ -60,5 +61,9 @@ SCENARIOS = (
     Scenario("8", "many nodes", nodes.run, _doc(nodes), (Launcher.DIRECT, Launcher.TORCHRUN)),
     Scenario("9", "metrics scrape", metrics.run, _doc(metrics), metrics.LAUNCHERS),
     Scenario("10", "restarts across nodes", rounds.run, _doc(rounds), TWO),
+    Scenario("10g", "a lost node, gpulaunch's rendezvous", membership.run, _doc(membership), TWO),
+    Scenario(
+        "10h", "a frozen node, gpulaunch's rendezvous", membership.run_frozen, _doc(membership), TWO
+    ),
     Scenario("11", "pod restart", pod_restart.run, _doc(pod_restart), (), vm=True),
 )

@@ -27,6 +27,7 @@ settings, so the difference is how fast each learns, stops and starts.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -44,10 +45,12 @@ CAP_S = 90.0  # per run: runaway protection, and the most a restart may take her
 POLL_S = 0.02  # how often stamp files are looked for (a bench, not the product)
 
 
-def _argv(launcher: Launcher, node: Node, nnodes: str, restarts: int, d: str) -> list[str]:
+def _argv(
+    launcher: Launcher, node: Node, nnodes: str, restarts: int, d: str, backend: str = "c10d"
+) -> list[str]:
     rdzv = [
         *("--nnodes", nnodes, "--max-restarts", str(restarts)),
-        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{node.port}"),
+        *("--rdzv-backend", backend, "--rdzv-endpoint", f"{LOOPBACK}:{node.port}"),
         *("--rdzv-id", node.rdzv_id, "--rdzv-conf", CONF, "--local-addr", _addr(node.rank)),
     ]
     script = [launchers.rank_script("node_round"), "--dir", d, "--token", node.token]
@@ -86,7 +89,11 @@ def run(ctx: Context) -> list[Metric]:
     return [restart, lost, watcher]
 
 
-def _once(ctx: Context, launcher: Launcher, kind: str, metric: Metric) -> float | None:
+def _once(
+    ctx: Context, launcher: Launcher, kind: str, metric: Metric, backend: str = "c10d"
+) -> float | None:
+    """One run of `kind`: restart, lost (SIGKILL of node 2), frozen (SIGSTOP of node 2),
+    watcher; `backend`: gpulaunch's rendezvous (torchrun's is always c10d)."""
     rdzv_id = launchers.new_token("round")
     port = launchers.free_port()
     d = ctx.run_dir("round")
@@ -96,7 +103,7 @@ def _once(ctx: Context, launcher: Launcher, kind: str, metric: Metric) -> float 
     try:
         for n in range(NNODES):
             node = Node(n, NNODES, port, rdzv_id)
-            argv = _argv(launcher, node, nnodes, restarts, str(d))
+            argv = _argv(launcher, node, nnodes, restarts, str(d), backend)
             if kind == "restart":
                 argv += ["--fail-rank", str(FAIL_RANK)]
             env = None if launcher.ours else TORCHRUN_ENV
@@ -106,10 +113,13 @@ def _once(ctx: Context, launcher: Launcher, kind: str, metric: Metric) -> float 
                 return None
         result = _measure(ctx, launcher, kind, runs, d, metric)
     finally:
+        if kind == "frozen":  # what was stopped goes now (nobody would wake it)
+            for r in runs:
+                procs.kill_token(r.token)
         for r in runs:
             if r.exited_at is None:
                 r.wait_exit(30)
-            ctx.finish(r, f"rounds {kind}", leftovers_expected=result is None)
+            ctx.finish(r, f"rounds {kind}", leftovers_expected=result is None or kind == "frozen")
     statuses = "/".join(str(r.returncode) for r in runs)
     ctx.say(f"10 rounds {kind} {launcher}: {fmt(result)} s; statuses {statuses}")
     metric.notes.append(f"{launcher} {kind}: statuses of nodes 0/1/2: {statuses}")
@@ -138,11 +148,12 @@ def _measure(
             ctx.problem(f"rounds {kind} ({launcher}): the ranks did not all come up")
             return None
         time.sleep(POLL_S)
+    victim = None
     if kind == "restart":
         while FAIL_RANK not in (stamps := procs.read_stamps(d, "fail")):
             time.sleep(POLL_S)
         t0, survivors = stamps[FAIL_RANK], world
-    else:
+    if kind != "restart":
         victim = _node_of_group(runs, d, 2)
         if victim is None:
             ctx.problem(f"rounds {kind} ({launcher}): no node rank 2 found")
@@ -150,16 +161,20 @@ def _measure(
         t0 = time.time()
         if kind == "lost":
             procs.kill_token(victim.token)
+        elif kind == "frozen":
+            procs.signal_token(victim.token, signal.SIGSTOP)
         else:
             victim.proc.kill()  # gpulaunch's watcher itself (the launcher we started)
         survivors = world - NPROC
+    deadline = time.monotonic() + CAP_S  # from the event: the start's share is not the cap's
     while len(firsts := procs.read_stamps(d, "first")) < survivors:
         if time.monotonic() > deadline:
             ctx.problem(f"rounds {kind} ({launcher}): {len(firsts)} ranks restarted in {CAP_S} s")
             return None
         time.sleep(POLL_S)
     for r in runs:  # the survivors end by themselves (3 more steps)
-        r.wait_exit(60)
+        if kind != "frozen" or r is not victim:
+            r.wait_exit(60)
     born = procs.read_stamps(d, "born")
     if len(born) == len(firsts):  # how much of it the launcher took: until its last rank ran
         metric.extra.setdefault(f"{launcher}: last rank started", []).append(

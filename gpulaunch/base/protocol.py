@@ -28,6 +28,14 @@ class Backend(enum.StrEnum):
 
     STATIC = "static"  # --nnodes N --node-rank R --master-addr --master-port
     C10D = "c10d"  # node ranks assigned by torch's dynamic rendezvous
+    # gpulaunch's own, on torch's store: a lost node is out within --node-timeout
+    # (gpulaunch/multinode/membership.py)
+    GPULAUNCH = "gpulaunch"
+
+    @property
+    def elastic(self) -> bool:
+        """Node ranks assigned by the rendezvous, --nnodes MIN:MAX, nodes may come and go."""
+        return self is not Backend.STATIC
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class NodeConfig:
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT
     min_nodes: int | None = None  # --nnodes MIN:MAX (c10d): fewer than `nnodes` may go on
+    node_timeout: float = HEARTBEAT_TIMEOUT + HEARTBEAT_INTERVAL  # --node-timeout
+    membership_file: str = ""  # where the peer tells the ranks each round's membership
 
     @property
     def wanted(self) -> str:
@@ -91,6 +101,7 @@ class Layout:
     # (--max-restarts), as the nodes agreed (a node that joins late learns them here).
     attempt: int = 0
     failures: int = 0
+    membership_file: str = ""  # GPULAUNCH_MEMBERSHIP_FILE ("": none)
 
     @property
     def this_node(self) -> NodeInfo:

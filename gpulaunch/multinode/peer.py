@@ -40,6 +40,7 @@ from typing import Any
 
 from gpulaunch.base.interrupts import INTERRUPTS, NOTICES
 from gpulaunch.base.protocol import (
+    HEARTBEAT_TIMEOUT,
     NODE_LOST_STATUS,
     Backend,
     Command,
@@ -52,6 +53,7 @@ from gpulaunch.base.protocol import (
     encode,
 )
 from gpulaunch.linux import set_parent_death_signal
+from gpulaunch.multinode import roster
 from gpulaunch.multinode.addresses import UnresolvableHost, check_endpoint, check_own_name
 from gpulaunch.multinode.rendezvous import (
     joining,
@@ -85,6 +87,9 @@ class Peer:
         self._prefix = ""  # this round's keys in the job's store
         self._ranks_store: Any = None  # a restarted round's store for the ranks (node 0)
         self._answered_at: float | None = None  # the heartbeat's last answer (this round)
+        self._decided_at: float | None = None  # when this round's membership was decided
+        self._previous: Layout | None = None  # the last round's (the membership file's `left`)
+        self._cause: NodeFailure | None = None  # the last round's first failure
 
     # -- talking to the watcher ------------------------------------------
 
@@ -135,10 +140,15 @@ class Peer:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+        from gpulaunch.multinode.membership import register
+
         cfg = self.config
         conf: dict[str, Any] = dict(cfg.rdzv_conf)
         if cfg.backend is Backend.STATIC:
             conf["rank"] = cfg.node_rank
+        if cfg.backend is Backend.GPULAUNCH:
+            register()
+            conf["node_timeout"] = cfg.node_timeout
         if self._handler is None:
             params = RendezvousParameters(
                 backend=cfg.backend.value,
@@ -151,6 +161,7 @@ class Peer:
             )
             self._handler = get_rendezvous_handler(params)
         info = self._handler.next_rendezvous()
+        self._decided_at = getattr(self._handler, "decided_at", None) or time.time()
         node_rank, nnodes = info.rank, info.world_size
         self.round += 1
         if node_rank == 0 and cfg.backend is Backend.C10D:
@@ -177,7 +188,9 @@ class Peer:
             )
             first += data["nproc"]
         addr, port = info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port
-        if attempt > 0:  # a fresh store for the ranks: no key of the last round's world
+        if attempt > 0 and cfg.backend is not Backend.GPULAUNCH:
+            # a fresh store for the ranks: no key of the last round's world (ours makes one
+            # every round)
             addr, port = self._fresh_ranks_store(store, node_rank, addr)
         return Layout(
             node_rank=node_rank,
@@ -191,6 +204,7 @@ class Peer:
             nodes=tuple(nodes),
             attempt=attempt,
             failures=failures,
+            membership_file=cfg.membership_file,
         )
 
     def _fresh_ranks_store(self, store: Any, node_rank: int, addr: str) -> tuple[str, int]:
@@ -205,6 +219,24 @@ class Peer:
             store.set("ranks_store", json.dumps([addr, self._ranks_store.port]))
         addr, port = json.loads(store.get("ranks_store"))
         return str(addr), int(port)
+
+    def tell_ranks(self, state: str) -> None:
+        """The membership file (roster.py): the round just decided, or its first failure."""
+        path, layout = self.config.membership_file, self.layout
+        if not path or layout is None:
+            return
+        cause = self._cause
+        data = roster.membership(layout, self._previous, cause, state, self._decided_at)
+        try:
+            roster.write(path, data)
+        except OSError as exc:
+            self.send(Event.ERROR, message=f"cannot write the membership file {path}: {exc}")
+
+    def joined(self, layout: Layout) -> None:
+        """A round is decided: the ranks' file first, then the watcher (which starts them)."""
+        self._previous, self.layout = self.layout, layout
+        self.tell_ranks("running")
+        self.send(Event.JOINED, layout=layout.to_dict())
 
     def publish(self, store: Any, failure: NodeFailure) -> None:
         """Make `failure` the job's cause unless another node's came first."""
@@ -237,6 +269,8 @@ class Peer:
             if self._cause_told.is_set() or this_round != self.round:
                 return
             self._cause_told.set()
+            self._cause = failure
+        self.tell_ranks("ending")
         self.send(Event.CAUSE, failure=failure.to_dict())
 
     def watch_store(self) -> None:
@@ -248,7 +282,8 @@ class Peer:
         silent store holds none.
         """
         this_round, began = self.round, time.monotonic()
-        bound = STORE_SILENT_TIMEOUTS * self.config.heartbeat_timeout
+        # (not shortened by a short --node-timeout: the store's node is not the issue's yet)
+        bound = STORE_SILENT_TIMEOUTS * max(self.config.heartbeat_timeout, HEARTBEAT_TIMEOUT)
         while True:  # a timer, on purpose: silence is what it detects
             time.sleep(self.config.heartbeat_interval)
             if this_round != self.round or self._cause_told.is_set():
@@ -409,9 +444,10 @@ class Peer:
                     return 0
                 elif kind == Command.NEXT_ROUND:
                     store.set(f"done/{me.node}", "next")  # no node's exit barrier waits for us
-                    self.layout = self.rendezvous(body["attempt"], body["failures"])
+                    layout = self.rendezvous(body["attempt"], body["failures"])
                     self._cause_told.clear()
-                    self.send(Event.JOINED, layout=self.layout.to_dict())
+                    self.joined(layout)
+                    self._cause = None
                     self.start_round()
                     store = self._store(timeout=self.join_timeout)
 
@@ -449,17 +485,17 @@ def main() -> int:
     link = socket.socket(fileno=LINK_FD)
     peer = Peer(config, link)
     try:
-        if config.backend is Backend.C10D and not config.local_addr:
+        if config.backend.elastic and not config.local_addr:
             check_own_name(peer.host)
         check_endpoint(config.endpoint)
-        peer.layout = peer.rendezvous()
+        layout = peer.rendezvous()
     except UnresolvableHost as exc:
         peer.send(Event.ERROR, message=str(exc))
         return 1
     except Exception as exc:  # noqa: BLE001 - said to the watcher, which tells the user
         peer.send(Event.ERROR, message=f"{type(exc).__name__}: {exc}".splitlines()[0])
         return 1
-    peer.send(Event.JOINED, layout=peer.layout.to_dict())
+    peer.joined(layout)
     # From now on we share the watcher's scope, and its death is news we tell the others.
     die_with_watcher(0)
     peer.start_round()
@@ -469,7 +505,17 @@ def main() -> int:
         if not peer.finishing.is_set():
             peer.send(Event.ERROR, message=f"{type(exc).__name__}: {exc}".splitlines()[0])
         return 1
+    finally:
+        if config.backend is Backend.GPULAUNCH:
+            leave_rendezvous(peer._handler)  # no round waits for this node's silence
+        if config.membership_file:
+            roster.remove(config.membership_file)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Not through the interpreter's teardown: a daemon thread still in a store call then
+    # (a heartbeat, the membership's) aborts the process ("terminate called ...").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -54,7 +54,11 @@ def joining() -> NodeFailure:
 
 def leave_rendezvous(handler: Any) -> None:
     """A node that ends leaves torch's round at once, so that the others' next round does
-    not wait for its keep-alive to expire (c10d; torch has no public call for it)."""
+    not wait for its keep-alive to expire (c10d; torch has no public call for it; ours:
+    its shutdown)."""
+    if getattr(handler, "get_backend", lambda: "")() == "gpulaunch":
+        handler.shutdown()
+        return
     try:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
 

@@ -16,7 +16,6 @@ import enum
 from gpulaunch.base.protocol import (
     JOINING_NODE,
     NODE_LOST_STATUS,
-    Backend,
     Layout,
     NodeConfig,
     NodeFailure,
@@ -52,7 +51,7 @@ def after_failure(
     if failure.node == JOINING_NODE:  # a late or returning node (peer.py): not a failure
         return Next.REGROUP
     lost = failure.status == NODE_LOST_STATUS and failure.node >= 0
-    if not lost or failure.node == layout.node_rank or config.backend is not Backend.C10D:
+    if not lost or failure.node == layout.node_rank or not config.backend.elastic:
         return Next.END  # interrupted, this node's own loss, or a static job's missing node
     if config.min_nodes is not None and config.min_nodes < config.nnodes:
         # A change of membership, not a failure of the script: as torchrun, it does not

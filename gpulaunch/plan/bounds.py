@@ -11,3 +11,5 @@ MAX_NNODES = 65536  # nodes of one job (world size = nodes * ranks stays an int3
 MAX_GPU = 1023  # the highest GPU number in the pool (CUDA_VISIBLE_DEVICES' positions)
 MAX_RANK = 2**31 - 1  # a global rank (an int32 in torch, and on D-Bus)
 MAX_RESTARTS = 1_000_000  # --max-restarts
+MIN_NODE_TIMEOUT = 0.5  # --node-timeout: its heartbeat every 1/20 of it (25 ms at least)
+MAX_NODE_TIMEOUT = 600.0

@@ -13,11 +13,13 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from gpulaunch.base.protocol import Backend, NodeConfig
+from gpulaunch.base.protocol import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, Backend, NodeConfig
 from gpulaunch.base.slurm import slurm_job_name, slurm_step
 from gpulaunch.errors import UsageError
 from gpulaunch.plan.bounds import MAX_NNODES
 
+GPULAUNCH_NODE_TIMEOUT = 2.0  # --node-timeout's default with --rdzv-backend gpulaunch
+BEATS_PER_TIMEOUT = 20  # heartbeats per --node-timeout
 STATIC_PORT = 29500  # torchrun's --master-port default
 C10D_PORT = 29400  # torch's default port of a c10d rendezvous endpoint
 LOCALHOST = "127.0.0.1"
@@ -34,6 +36,23 @@ class NodeOptions:
     rdzv_id: str | None = None
     rdzv_conf: str | None = None
     local_addr: str | None = None
+    node_timeout: float | None = None  # --node-timeout
+
+
+def liveness(backend: Backend, node_timeout: float | None) -> tuple[float, float, float]:
+    """The heartbeat: (interval, silence that loses a node, --node-timeout).
+
+    gpulaunch's own rendezvous: 2 s by default; the others keep 6 s (a beat a second,
+    lost after 5 s of silence). Else a beat every 1/20 of the timeout, a node declared lost
+    after the timeout less two beats: its last beat is seen up to a beat late, and judged
+    at the next.
+    """
+    if node_timeout is None:
+        if backend is not Backend.GPULAUNCH:
+            return HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT + HEARTBEAT_INTERVAL
+        node_timeout = GPULAUNCH_NODE_TIMEOUT
+    interval = node_timeout / BEATS_PER_TIMEOUT
+    return interval, node_timeout - 2 * interval, node_timeout
 
 
 @dataclass(frozen=True)
@@ -162,7 +181,7 @@ def plan_nodes(
     except ValueError:
         raise UsageError(
             f"--rdzv-backend {backend_name} is not supported",
-            "use static (--node-rank, --master-addr) or c10d (--rdzv-endpoint)",
+            "use static (--node-rank, --master-addr), c10d or gpulaunch (--rdzv-endpoint)",
         ) from None
     single = nnodes == 1 and backend is Backend.STATIC and opts.rdzv_endpoint is None
     endpoint_port = (
@@ -185,9 +204,9 @@ def plan_nodes(
                 "give the number of nodes with --nnodes",
             )
         return NodePlan(None, default_job, master_addr or LOCALHOST, master_port)
-    if min_nodes is not None and min_nodes != nnodes and backend is not Backend.C10D:
+    if min_nodes is not None and min_nodes != nnodes and not backend.elastic:
         raise UsageError(
-            f"--nnodes {opts.nnodes}: a range of nodes needs the c10d rendezvous "
+            f"--nnodes {opts.nnodes}: a range of nodes needs the c10d or gpulaunch rendezvous "
             "(the static one numbers a fixed set of nodes)",
             "add --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or give one number",
         )
@@ -208,7 +227,7 @@ def plan_nodes(
     else:
         if opts.rdzv_endpoint is None:
             raise UsageError(
-                "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]",
+                f"--rdzv-backend {backend} needs --rdzv-endpoint HOST[:PORT]",
                 "give the address of one node, the same on every node",
             )
         # c10d assigns node ranks; torchrun ignores --node-rank here too (scripts pass
@@ -234,5 +253,12 @@ def plan_nodes(
         local_addr=opts.local_addr,
         rdzv_conf=_conf(opts.rdzv_conf),
         min_nodes=min_nodes if min_nodes != nnodes else None,
+    )
+    interval, silent, node_timeout = liveness(backend, opts.node_timeout)
+    config = replace(
+        config,
+        heartbeat_interval=interval,
+        heartbeat_timeout=silent,
+        node_timeout=node_timeout,
     )
     return NodePlan(config, default_job, master_addr or LOCALHOST, master_port, run_id)

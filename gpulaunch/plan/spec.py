@@ -245,6 +245,9 @@ def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
             first, world, node_rank = layout.first_rank, layout.world_size, layout.node_rank
             nnodes = layout.nnodes  # --nnodes MIN:MAX: as many as the rendezvous settled
     argv = opts.launch.argv(opts.script, opts.args)
+    told: dict[str, str] = {}  # each round's membership (gpulaunch/multinode/roster.py)
+    if layout is not None and layout.membership_file:
+        told["GPULAUNCH_MEMBERSHIP_FILE"] = layout.membership_file
     ranks = tuple(
         RankSpec(
             rank=first + i,
@@ -252,7 +255,7 @@ def number_ranks(draft: JobDraft, layout: Layout | None = None) -> JobSpec:
             unit=names.rank_scope(first + i),
             argv=argv,
             env=rank_environment(
-                {**base_env, **places[i].env},
+                {**base_env, **places[i].env, **told},
                 RankPlace(
                     rank=first + i,
                     local_rank=i,

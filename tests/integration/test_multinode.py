@@ -262,7 +262,7 @@ def test_slurm_environment_places_the_nodes(mjob: MultiJob) -> None:
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--nnodes", "1:4"], "a range of nodes needs the c10d rendezvous"),
+        (["--nnodes", "1:4"], "a range of nodes needs the c10d or gpulaunch rendezvous"),
         (["--nnodes", "2", "--rdzv-backend", "c10d"], "needs --rdzv-endpoint"),
         (["--nnodes", "2", "--node-rank", "2"], "node rank 2 is not a node of a 2-node job"),
         (["--nnodes", "3:2"], "the minimum is more than the maximum"),

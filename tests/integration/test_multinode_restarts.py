@@ -8,6 +8,7 @@ torch's rendezvous.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import pickle
 import re
@@ -43,11 +44,23 @@ pytestmark = pytest.mark.integration
 __all__ = ["mjob", "nodes"]  # fixtures
 
 
-def c10d(job: MultiJob, nnodes: str) -> list[str]:
+ELASTIC = ["c10d", "gpulaunch"]  # torch's dynamic rendezvous, and gpulaunch's own on its store
+
+
+def c10d(job: MultiJob, nnodes: str, backend: str = "c10d") -> list[str]:
     return [
-        *("--nnodes", nnodes, "--rdzv-backend", "c10d"),
+        *("--nnodes", nnodes, "--rdzv-backend", backend),
         *("--rdzv-endpoint", f"127.0.0.1:{job.port}"),
     ]
+
+
+def last_call(backend: str) -> list[str]:
+    """How long the first round of --nnodes 2:3 waits for the third node once two are there.
+
+    torch's c10d checks its deadline once a second, so 1 s is 1-2 s; gpulaunch's decider at
+    each beat (0.1 s): 3 s, so that a third box's peer still importing torch is in it.
+    """
+    return ["--rdzv-conf", "last_call_timeout=1" if backend == "c10d" else "last_call_timeout=3"]
 
 
 def start_c10d(job: MultiJob, nodes: int, opts: list[str], args: list[str]) -> list[Popen[str]]:
@@ -63,12 +76,18 @@ def start_c10d(job: MultiJob, nodes: int, opts: list[str], args: list[str]) -> l
     return procs
 
 
-def spares(job: MultiJob) -> int:
+def spares(job: MultiJob, backend: str = "c10d") -> int:
     """How many nodes torch's c10d rendezvous holds as spares (its state's redundancy list,
-    as torch's C10dRendezvousBackend keeps it in the job's store: base64 of a pickle)."""
+    as torch's C10dRendezvousBackend keeps it in the job's store: base64 of a pickle);
+    gpulaunch's: how many wait in its open round (gpulaunch/multinode/membership.py)."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", job.port, is_master=False, wait_for_workers=False)
+    if backend == "gpulaunch":
+        from torch.distributed import PrefixStore
+
+        keys = PrefixStore(f"gpulaunch-rdzv/{job.id}/", store)
+        return int(keys.add(f"r{keys.add('open', 0)}/n", 0))
     raw = store.get(f"torch.rendezvous.{job.id}")
     if raw == b"Y2FuaW1hZGFt":  # torch's sentinel for "no state yet"
         return 0
@@ -80,11 +99,11 @@ def served(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.parametrize("backend", ["static", "c10d"])
+@pytest.mark.parametrize("backend", ["static", *ELASTIC])
 def test_a_rank_failure_on_node_2_restarts_every_node(mjob: MultiJob, backend: str) -> None:
     opts = [
         [
-            *(mjob.static(n) if backend == "static" else c10d(mjob, str(NNODES))),
+            *(mjob.static(n) if backend == "static" else c10d(mjob, str(NNODES), backend)),
             "--max-restarts",
             "1",
         ]
@@ -115,13 +134,14 @@ def test_a_rank_failure_on_node_2_restarts_every_node(mjob: MultiJob, backend: s
         assert "restarted 1 time" in text
 
 
+@pytest.mark.parametrize("backend", ELASTIC)
 @pytest.mark.parametrize("lost", [2, 1])
 def test_a_lost_node_under_an_elastic_range_leaves_a_smaller_world(
-    mjob: MultiJob, lost: int
+    mjob: MultiJob, lost: int, backend: str
 ) -> None:
     """Node 2 (or 1) is lost; the others go on as 2 nodes. Losing node 1 renumbers node 2's
     ranks (4-5 become 2-3): their scopes are named for their new numbers."""
-    opts = [*c10d(mjob, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    opts = [*c10d(mjob, "2:3", backend), *last_call(backend)]
     # Attempt 0 computes (sleeps) until the node goes; attempt 1 runs its steps to the end.
     procs = start_c10d(mjob, NNODES, opts, ["--busy", "--busy-attempt", "0"])
     mjob.wait_stamps(range(NNODES * NPROC), "busy")
@@ -144,6 +164,69 @@ def test_a_lost_node_under_an_elastic_range_leaves_a_smaller_world(
         assert f"-rank{rank}.scope" in env["/proc/self/cgroup"], (rank, env["/proc/self/cgroup"])
     for node in range(NNODES):
         wait_until(lambda n=node: mjob.leftovers(n) == [], 10, f"node {node} cleaned up")
+    if backend == "gpulaunch":  # the ranks were told who left, and why
+        members = json.loads((mjob.dir / "rank0.members").read_text())
+        assert (members["generation"], members["state"], members["world_size"]) == (
+            1,
+            "running",
+            4,
+        )
+        assert [n["ranks"] for n in members["nodes"]] == [[0, 1], [2, 3]]
+        assert members["left"] == [
+            {"node": lost, "host": host(lost), "ranks": node_ranks(lost), "why": "its watcher died"}
+        ]
+        print(
+            f"membership file written {members['written_at'] - members['decided_at']:.3f} s "
+            "after the round was decided"
+        )
+
+
+def box_per_node(job: MultiJob) -> None:
+    """These tests signal every process of node 2's job by the job's id (pkill -f): only
+    where node 2 is a box of its own (its own pids) is that node 2's alone."""
+    if job.shared_systemd:
+        pytest.fail("this test needs a systemd box per node (the host runs systemd)")
+
+
+def test_a_vanished_node_is_out_within_the_node_timeout(mjob: MultiJob) -> None:
+    """gpulaunch's rendezvous: node 2's watcher, peer and ranks SIGKILLed at once (nobody
+    says a word): its heartbeat's silence takes it out, the others go on as 2 nodes."""
+    box_per_node(mjob)
+    opts = [*c10d(mjob, "2:3", "gpulaunch"), *last_call("gpulaunch")]
+    procs = start_c10d(mjob, NNODES, opts, ["--busy", "--busy-attempt", "0"])
+    mjob.wait_stamps(range(NNODES * NPROC), "busy")
+    mjob.boxes[2].run(["pkill", "-KILL", "-f", f"{mjob.id}"], capture_output=True)
+    ended = finish(procs, mjob.boxes, timeout=240)
+    for e in ended[:2]:
+        assert e.returncode == 0, e.stderr
+        assert "attempt 0: node 2 (127.0.0.3): lost: no heartbeat for" in e.stderr, e.stderr
+        assert re.search(r"done: local 0 node [01] of 2 attempt 1", e.stdout), e.stdout
+
+
+def test_a_node_stalled_for_a_second_is_not_lost(mjob: MultiJob) -> None:
+    """Item 2 of issue 37: every process of node 2 stopped (SIGSTOP) for 1 s, then let go:
+    under the default bound (2 s) no node is lost and no rank is stopped."""
+    box_per_node(mjob)
+    opts = [*c10d(mjob, "2:3", "gpulaunch"), *last_call("gpulaunch")]
+    procs = start_c10d(mjob, NNODES, opts, ["--busy", "--busy-attempt", "0"])
+    mjob.wait_stamps(range(NNODES * NPROC), "busy")
+    box = mjob.boxes[2]
+    box.run(["pkill", "-STOP", "-f", mjob.id], capture_output=True)
+    time.sleep(1.0)  # the stall itself (what is injected), not a claim about speed
+    box.run(["pkill", "-CONT", "-f", mjob.id], capture_output=True)
+    # nsenter (outside the box) stops itself when its child stops: it goes on too
+    os.kill(procs[2].pid, signal.SIGCONT)
+    # A false loss would be told at once: the cause stops every node's ranks (a `term`
+    # stamp each) and every node says so.
+    time.sleep(4.0)  # twice the bound: a loss of the stall would be declared by now
+    assert [p.poll() for p in procs] == [None, None, None]
+    assert not any((mjob.dir / f"rank{r}.term").exists() for r in range(NNODES * NPROC))
+    for box in mjob.boxes:  # the job has made its point: end it at once, everywhere
+        box.run(["pkill", "-KILL", "-f", mjob.id], capture_output=True)
+    mjob.stop_all()
+    for node, p in enumerate(procs):
+        _, err = p.communicate(timeout=120)
+        assert "lost" not in err and "attempt 0:" not in err, (node, err)
 
 
 @pytest.fixture
@@ -160,9 +243,12 @@ def spare_job(nodes: list[Box | HostSystemd]) -> Iterator[MultiJob]:
         j.stop_all()
 
 
-def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) -> None:
+@pytest.mark.parametrize("backend", ELASTIC)
+def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(
+    spare_job: MultiJob, backend: str
+) -> None:
     job = spare_job
-    opts = [*c10d(job, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+    opts = [*c10d(job, "2:3", backend), *last_call(backend)]
     args = ["--busy", "--busy-attempt", "0"]
     procs = start_c10d(job, NNODES, opts, args)
     job.wait_stamps(range(NNODES * NPROC), "busy")
@@ -177,7 +263,7 @@ def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) 
     peer = ["pgrep", "-f", f"gpulaunch.multinode.peer .*{job.id}"]
     wait_until(lambda: job.boxes[3].run(peer, capture_output=True).returncode == 0, 60, "spare")
     # torch's join: the spare is on the rendezvous' redundancy list (beyond the maximum).
-    wait_until(lambda: spares(job) == 1, 60, "the spare on the rendezvous' redundancy list")
+    wait_until(lambda: spares(job, backend) == 1, 60, "the spare waits in the rendezvous")
     assert spare.poll() is None
     os.kill(job.boxes[2].inner_pid(procs[2]), signal.SIGKILL)
     ended = finish([procs[0], procs[1], spare], [job.boxes[0], job.boxes[1], job.boxes[3]], 240)
@@ -194,8 +280,9 @@ def test_a_spare_beyond_max_takes_the_place_of_a_lost_node(spare_job: MultiJob) 
     assert job.env(4)["TORCHELASTIC_RESTART_COUNT"] == "1"
 
 
-def test_a_node_that_starts_late_joins_at_the_next_round(mjob: MultiJob) -> None:
-    opts = [*c10d(mjob, "2:3"), "--rdzv-conf", "last_call_timeout=1"]
+@pytest.mark.parametrize("backend", ELASTIC)
+def test_a_node_that_starts_late_joins_at_the_next_round(mjob: MultiJob, backend: str) -> None:
+    opts = [*c10d(mjob, "2:3", backend), *last_call(backend)]
     args = ["--busy", "--busy-attempt", "0"]
     procs = start_c10d(mjob, 2, opts, args)  # nodes 0 and 1: a world of 4
     mjob.wait_stamps(range(2 * NPROC), "busy")

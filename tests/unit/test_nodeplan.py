@@ -158,7 +158,9 @@ def test_parse_nnodes_refuses(text: str, message: str) -> None:
 
 def test_elastic_ranges_need_c10d() -> None:
     err = usage_error(nnodes="2:4")
-    assert err.message.startswith("--nnodes 2:4: a range of nodes needs the c10d rendezvous")
+    assert err.message.startswith(
+        "--nnodes 2:4: a range of nodes needs the c10d or gpulaunch rendezvous"
+    )
     assert err.hint == "add --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or give one number"
 
 
@@ -446,7 +448,7 @@ def test_without_rdzv_id_the_run_id_is_the_job() -> None:
     [
         (
             {"nnodes": "1:4"},
-            "--nnodes 1:4: a range of nodes needs the c10d rendezvous "
+            "--nnodes 1:4: a range of nodes needs the c10d or gpulaunch rendezvous "
             "(the static one numbers a fixed set of nodes)",
         ),
         ({"nnodes": "0"}, "--nnodes must be between 1 and 65536, not 0"),
@@ -524,7 +526,7 @@ def test_usage_errors(kw: dict[str, object], message: str) -> None:
     [
         (
             {"nnodes": "2", "rdzv_backend": "etcd"},
-            "use static (--node-rank, --master-addr) or c10d",
+            "use static (--node-rank, --master-addr), c10d or gpulaunch",
         ),
         ({"nnodes": "2", "rdzv_backend": "c10d"}, "the same on every node"),
         ({"nnodes": "2", "node_rank": 5}, "give --node-rank 0 to 1"),
@@ -835,7 +837,10 @@ def test_make_spec_passes_usage_errors_on(script: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--nnodes", "1:4"], "--nnodes 1:4: a range of nodes needs the c10d rendezvous"),
+        (
+            ["--nnodes", "1:4"],
+            "--nnodes 1:4: a range of nodes needs the c10d or gpulaunch rendezvous",
+        ),
         (["--nnodes", "0"], "--nnodes must be between 1 and 65536, not 0"),
         (["--nnodes", "2", "--rdzv-backend", "etcd"], "--rdzv-backend etcd is not supported"),
         (["--nnodes", "2", "--rdzv_backend", "c10d"], "--rdzv-backend c10d needs"),

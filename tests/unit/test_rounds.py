@@ -31,6 +31,7 @@ from tests.unit.fakes import multinode_view as view
 STATIC = NodeConfig(Backend.STATIC, "hostA:29500", "j", 3, 2, "j", node_rank=0)
 C10D = dataclasses.replace(STATIC, backend=Backend.C10D, node_rank=None)
 ELASTIC = dataclasses.replace(C10D, min_nodes=2)
+OURS = dataclasses.replace(ELASTIC, backend=Backend.GPULAUNCH)  # gpulaunch's own rendezvous
 RANK_FAILED = NodeFailure(node=1, host="hostB", status=1, what="rank 3 exit 1", rank=3)
 LOST = NodeFailure(node=2, host="hostC", status=NODE_LOST_STATUS, what="its watcher died")
 INTERRUPTED = NodeFailure(node=1, host="hostB", status=143, what="interrupted by SIGTERM")
@@ -57,6 +58,8 @@ def used(failures: int) -> Layout:
         (LOST, C10D, 3, 3, Next.END),
         (LOST, ELASTIC, 0, 0, Next.REGROUP),
         (LOST, ELASTIC, 5, 1, Next.REGROUP),
+        (LOST, OURS, 0, 0, Next.REGROUP),  # gpulaunch's rendezvous: as c10d's
+        (RANK_FAILED, OURS, 0, 1, Next.RESTART),
         # a node that was told to stop, or the store gone: the end everywhere
         (INTERRUPTED, C10D, 0, 3, Next.END),
         (INTERRUPTED, ELASTIC, 0, 3, Next.END),

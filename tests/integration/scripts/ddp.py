@@ -2,7 +2,8 @@
 
 Every rank writes `<dir>/rank<N>.pid`, `<dir>/rank<N>.failed` (the wall-clock time)
 right before it exits with its traceback, and `<dir>/rank<N>.term` (the time) when a
-SIGTERM reaches it, so a test can time how fast the other nodes' ranks were stopped.
+SIGTERM reaches it, so a test can time how fast the other nodes' ranks were stopped;
+`<dir>/rank<N>.env` its environment and `<dir>/rank<N>.members` its membership file.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def main() -> None:
         with open("/proc/self/cgroup") as cgroup:  # its scope (the name says its rank)
             env["/proc/self/cgroup"] = cgroup.read().strip()
         json.dump(env, f)
+    members = os.environ.get("GPULAUNCH_MEMBERSHIP_FILE")
+    if members:  # what this round's membership file said when the rank started
+        with open(members) as src, open(os.path.join(args.dir, f"rank{rank}.members"), "w") as f:
+            f.write(src.read())
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
