@@ -514,6 +514,11 @@ def main() -> int:
 
 if __name__ == "__main__":
     status = main()
+    if NodeConfig.from_json(sys.argv[1]).backend is not Backend.GPULAUNCH:
+        # Through the interpreter's teardown, as ever: on the node that serves the store
+        # it is also the time in which the others read the cause just published (its
+        # watcher died); an exit at once made them see a silent store instead.
+        sys.exit(status)
     # Not through the interpreter's teardown: a daemon thread still in a store call then
     # (a heartbeat, the membership's) aborts the process ("terminate called ...").
     sys.stdout.flush()

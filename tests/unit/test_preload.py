@@ -22,7 +22,8 @@ if "--no-pystemd" in sys.argv:  # its C extension does not load
     sys.modules["pystemd"] = sys.modules["pystemd.dbusexc"] = sys.modules["pystemd.dbuslib"] = None
 import gpulaunch.multinode.peerlink as peerlink
 import gpulaunch.start as start
-from gpulaunch.model import SupervisorKind
+import dataclasses
+from gpulaunch.model import Manager, SupervisorKind
 
 WANTED = ("gpulaunch.watcher.loop", "gpulaunch.jobapi.publisher", "gpulaunch.supervisor.direct")
 assert not [m for m in WANTED if m in sys.modules], "imported before _join: the probe is moot"
@@ -38,9 +39,17 @@ class FakePeer:
         pass
 
 peerlink.PeerLink.spawn = classmethod(lambda cls, cfg, draft=None: FakePeer())
-cfg = types.SimpleNamespace(nnodes=2, wanted="2", endpoint="127.0.0.1:1", backend="static")
+@dataclasses.dataclass(frozen=True)
+class Config:  # what _join reads of a NodeConfig
+    nnodes: int = 2
+    wanted: str = "2"
+    endpoint: str = "127.0.0.1:1"
+    backend: str = "static"
+    membership_file: str = ""
+
+cfg = Config()
 job = types.SimpleNamespace(
-    spec=types.SimpleNamespace(node_config=cfg, job="j"),
+    spec=types.SimpleNamespace(node_config=cfg, job="j", manager=Manager.USER),
     draft=types.SimpleNamespace(opts=types.SimpleNamespace(supervisor=SupervisorKind.DIRECT)),
 )
 output = types.SimpleNamespace(message=lambda text: None)
