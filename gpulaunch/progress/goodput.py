@@ -40,6 +40,11 @@ class AttemptTimes:
     checkpoint: float | None = None  # its last checkpoint notice, any rank's
     failed: float | None = None  # the failure seen (a rank failed, or the gang stop began)
     stopped: float | None = None  # its last rank ended
+    # where its start went (phases.py): every rank forked, every rank's first output line,
+    # every rank's first step report
+    forked: float | None = None
+    first_line: float | None = None
+    all_stepped: float | None = None
 
 
 def goodput(
