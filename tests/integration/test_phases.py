@@ -2,8 +2,8 @@
 direct supervisor: two ranks print a line and step; rank 1 exits 3 at step 3 of the first
 attempt; --max-restarts 1 restarts both. The restart's phases (failure seen, ranks
 stopped, ranks forked, every rank's first line, every rank's first step) are in order in
-the metrics while the second attempt runs, then in `status --json`, the record and the
-report; the first attempt's count from the start line."""
+the metrics and `status --json` while the second attempt runs, then in `status --json`,
+the record and the report; the first attempt's count from the start line."""
 
 from __future__ import annotations
 
@@ -78,6 +78,7 @@ def test_a_restart_s_phases_are_recorded_in_order(job: Job, supervisor: str) -> 
         url = found.group(1)
         wait_until(lambda: "first_step" in restart_counts(url), 30, "its first step")
         live = samples(scrape(job, url)[1])
+        running = gl(job, "status", job.id, "--json", timeout=60)  # while attempt 1 runs
         _, err = proc.communicate(timeout=120)
     finally:
         code, err2 = finish(job, proc)
@@ -91,6 +92,13 @@ def test_a_restart_s_phases_are_recorded_in_order(job: Job, supervisor: str) -> 
         if name == "gpulaunch_restart_phase_seconds_sum"
     }
     in_order({n: sums[n] for n in RESTART}, RESTART)
+
+    # status --json while attempt 1 ran (the bus; a record file is written at each phase
+    # change: the phases up to its ranks forked)
+    assert running.returncode == 0, running.stderr
+    so_far = json.loads(running.stdout)["phases"]
+    assert [p["attempt"] for p in so_far] == [0, 1], so_far
+    assert list(so_far[1]["phases"])[:3] == RESTART[:3], so_far
 
     # status --json (the record, read back), the record itself, the report
     res = gl(job, "status", job.id, "--json", timeout=60)
