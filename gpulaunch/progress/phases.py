@@ -2,11 +2,11 @@
 docs/recovery.md, "Where the time goes").
 
 An attempt after a failure counts from that failure seen (the attempt before's `failed`):
-the ranks stopped (its last rank gone), the new ranks forked (every one, its gate open),
-every rank's first output line, every rank's first step report. The first attempt counts
-from the start line. The times are the watcher's (CLOCK_MONOTONIC); a phase it did not see
-(a rank that prints nothing, no progress channel, a multi-node round: not recorded here
-yet) is absent, never a made-up 0.
+the ranks stopped (its last rank gone), several nodes: the round opened (this node joined
+it) and closed (it settled), the new ranks forked (every one, its gate open), every rank's
+first output line, every rank's first step report. The first attempt counts from the
+start line. The times are the watcher's (CLOCK_MONOTONIC); a phase it did not see (a rank
+that prints nothing, no progress channel, one node: no round) is absent, never a made-up 0.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def attempt_phases(
             seen = {"failure_seen": before.failed, "ranks_stopped": before.stopped}
         if origin is None:
             origin = a.began
+        seen |= {"round_opened": a.round_opened, "round_closed": a.round_closed}
         seen |= {"ranks_forked": a.forked, "first_line": a.first_line, "first_step": a.all_stepped}
         phases = tuple(
             (name, max(0.0, at - origin))

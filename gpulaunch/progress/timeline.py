@@ -43,6 +43,7 @@ class Timeline(Part):
         self._rank_failed = False  # a rank of the current attempt failed (not stopped by us)
         self._ranks = 0  # the job's ranks on this node
         self._spoke: set[int] = set()  # the ranks that printed a line in the current attempt
+        self._round: list[float | None] = [None, None]  # several nodes: the next round's
 
     def attach(self, job: JobProgress, controls: Controls, loop: asyncio.AbstractEventLoop) -> None:
         self.start = self.clock()  # (made again at `created`, where the start line is said)
@@ -58,8 +59,16 @@ class Timeline(Part):
             self._new(attempt)
 
     def _new(self, attempt: int) -> None:
-        self.attempts.append(AttemptTimes(attempt, self.clock()))
-        self._spoke = set()
+        opened, closed = self._round
+        times = AttemptTimes(attempt, self.clock(), round_opened=opened, round_closed=closed)
+        self.attempts.append(times)
+        self._spoke, self._round = set(), [None, None]
+
+    def round_opened(self) -> None:
+        self._round = [self.clock(), None]
+
+    def round_closed(self) -> None:
+        self._round[1] = self.clock()
 
     def line(self, rank: int) -> None:
         """A rank printed a complete line (gpulaunch/logs/output.py's `on_line`)."""

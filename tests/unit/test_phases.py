@@ -176,3 +176,36 @@ def test_the_metrics_have_a_histogram_per_restart_phase() -> None:
     assert "# TYPE gpulaunch_restart_phase_seconds histogram" in om
     assert "# UNIT gpulaunch_restart_phase_seconds seconds" in om
     assert "phase_seconds" not in prometheus_text(families(job, {}, "n", 0.0))
+
+
+def test_several_nodes_time_the_round_between_the_stop_and_the_fork() -> None:
+    spec, _ = make_job([["true"]], max_restarts=1)
+    clock = Clock()
+    part = Timeline(clock)
+
+    def snap(attempt: int, phase: Phase, *ranks: RankProgress) -> None:
+        part.changed(JobProgress(spec, phase, ranks, attempt, 1), None)
+
+    part.created()
+    part.before_attempt(0)
+    snap(0, Phase.RUNNING, _rank(0))
+    clock.t = 5.0
+    snap(0, Phase.STOPPING, _rank(0))  # another node failed: the gang stop began
+    clock.t = 5.5
+    snap(0, Phase.STOPPING, _rank(0, ended=_exit(143, 5.5, True)))
+    part.round_opened()  # this node joins the next round
+    clock.t = 7.0
+    part.round_closed()  # every node met
+    snap(1, Phase.STARTING, _rank(0))
+    part.before_attempt(1)
+    clock.t = 7.25
+    snap(1, Phase.RUNNING, _rank(0))
+    assert part.phases()[1].phases == (
+        ("failure_seen", 0.0),
+        ("ranks_stopped", 0.5),
+        ("round_opened", 0.5),
+        ("round_closed", 2.0),
+        ("ranks_forked", 2.25),
+    )
+    text = "\n".join(phase_lines(part.phases()))
+    assert "RESTART  RANKS STOPPED  ROUND OPENED  ROUND CLOSED  RANKS FORKED" in text
