@@ -476,6 +476,48 @@ class Goodput:
         )
 
 
+# An attempt's phases, in the order they happen (docs/recovery.md, "Where the time goes"):
+# the failure that restarted the gang seen, its ranks stopped, (several nodes) the round
+# opened and closed, the new ranks forked, every rank's first output line, every rank's
+# first step report. One not seen (no output, no steps, not this kind of job) is absent.
+PHASES = (
+    "failure_seen",
+    "ranks_stopped",
+    "round_opened",
+    "round_closed",
+    "ranks_forked",
+    "first_line",
+    "first_step",
+)
+
+
+@dataclass(frozen=True)
+class AttemptPhases:
+    """Where one attempt's start went (gpulaunch/progress/phases.py): each phase's time in
+    seconds since `since`: "failure" (the failure seen that restarted the gang; the
+    attempts after the first) or "start" (the start line; the first attempt)."""
+
+    attempt: int  # 0: the first
+    since: str  # "failure" or "start"
+    phases: tuple[tuple[str, float], ...]  # (a name of PHASES, seconds), in PHASES' order
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "since": self.since,
+            "phases": {name: round(seconds, 6) for name, seconds in self.phases},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttemptPhases:
+        phases = data.get("phases", {})
+        return cls(
+            attempt=int(data["attempt"]),
+            since=str(data["since"]),
+            phases=tuple((name, float(phases[name])) for name in PHASES if name in phases),
+        )
+
+
 @dataclass(frozen=True)
 class LogFileGap:
     """A `--log-dir` file that stopped being written (a full disk, an I/O error)."""
@@ -512,6 +554,7 @@ class JobReport:
     recovery: str | None = None  # why the gang was not restarted (gpulaunch/recovery/)
     goodput: Goodput | None = None  # ETTR and what failures cost (None: no steps reported)
     carried: Carried | None = None  # a Slurm job's: what its next run (a requeue) continues
+    phases: tuple[AttemptPhases, ...] = ()  # where each attempt's start went (progress/phases.py)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ The watcher calls the hooks in this order, each hook on every part in the list's
       fds the rank inherits (at 3, 4, ... in the list's order).
    c. `changed(job, rank)`: whenever a rank's state changes (`rank`; a rank ended: its
       `exit` is set) or the job's phase (`rank` None).
+   d. several nodes, after a round's gang ended and before the next attempt's `changed`:
+      `round_opened()` as this node joins the next rendezvous round, `round_closed()` once
+      that round settled (the next attempt's world is known).
 4. `complete(report)`: once, after the last attempt: the report with what the part adds,
    each part handed the one before it completed.
 5. `finished(job, report)`: the report is final; awaited, at most FINISH_TIMEOUT seconds
@@ -83,6 +86,12 @@ class Part:
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
         """A rank's state changed (`rank`), or (None) the job's phase."""
 
+    def round_opened(self) -> None:
+        """Several nodes: this node joins the next rendezvous round."""
+
+    def round_closed(self) -> None:
+        """Several nodes: the round settled; the next attempt begins."""
+
     def complete(self, report: JobReport) -> JobReport:
         """The job's report with what this part adds to it."""
         return report
@@ -128,6 +137,14 @@ class Parts(Part):
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
         for part in self.parts:
             part.changed(job, rank)
+
+    def round_opened(self) -> None:
+        for part in self.parts:
+            part.round_opened()
+
+    def round_closed(self) -> None:
+        for part in self.parts:
+            part.round_closed()
 
     def complete(self, report: JobReport) -> JobReport:
         for part in self.parts:

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from gpulaunch.base.protocol import Layout
 from gpulaunch.model import (
+    PHASES,
+    AttemptPhases,
     Cause,
     Goodput,
     GpuUse,
@@ -184,6 +186,7 @@ def format_report(report: JobReport) -> str:
         )
     if report.restarts:
         lines += goodput_lines(report.goodput)
+        lines += phase_lines(report.phases)
     if report.recovery:  # why they were not restarted (gpulaunch/recovery/)
         lines.append(report.recovery)
     for r in report.ranks:
@@ -259,6 +262,22 @@ def goodput_lines(goodput: Goodput | None) -> list[str]:
     if goodput.losses and not goodput.checkpoints:
         lines.append("  (no rank reported a checkpoint: a restart counts as starting over)")
     return lines
+
+
+def phase_lines(phases: Sequence[AttemptPhases]) -> list[str]:
+    """Where each restart's time went: a row per restart, a column per phase seen (the
+    failure seen is their 0; docs/recovery.md, "Where the time goes")."""
+    restarts = [p for p in phases if p.since == "failure"]
+    names = [n for n in PHASES[1:] if any(n in dict(p.phases) for p in restarts)]
+    if not names:
+        return []
+    rows = [["RESTART", *(n.replace("_", " ").upper() for n in names)]]
+    for p in restarts:
+        seen = dict(p.phases)
+        rows.append([str(p.attempt), *(f"{seen[n]:.2f}" if n in seen else "-" for n in names)])
+    return ["where each restart's time went, seconds since its failure was seen:"] + [
+        format_table(rows, "  ")
+    ]
 
 
 def gpu_lines(use: GpuUse) -> list[str]:

@@ -357,6 +357,7 @@ def _parts(
 
     spec, unpublished = job.spec, contained.unpublished
     timeline = Timeline()  # the job's goodput (progress/timeline.py), for the others to show
+    output.on_line = timeline.line  # each rank's first line of each attempt (its phases)
     # the records first: Finished says they exist. Without systemd, a record file too,
     # and a bus is welcome but not needed.
     return [
@@ -369,6 +370,7 @@ def _parts(
                     cgroup=job_cgroup(contained.chosen),
                     keeper=contained.keeper,
                     goodput=timeline.now,
+                    phases=timeline.phases,
                 ),
             )
             if unpublished
@@ -380,10 +382,11 @@ def _parts(
             last_output=output.last_line_at,
             optional=unpublished,
             goodput=timeline.now,
+            phases=timeline.phases,
         ),
         *slurm_ends(os.environ),  # first to complete the report: which end Slurm's SIGTERM was
         *scheduler_observers(spec, warn),  # --termination-log, --gpu-job-map
-        *metrics_observers(metrics, output.message, timeline.now),  # --metrics-*
+        *metrics_observers(metrics, output.message, timeline.now, timeline.phases),  # --metrics-*
         GpuPart(spec, job.lease, gate),  # its lease's fds, the gate at each restart, its use
         _StartLine(spec, contained, output, detached, job.draft.opts),
     ]

@@ -40,7 +40,7 @@ from pathlib import Path
 from gpulaunch.jobapi.procid import Identity, node_name
 from gpulaunch.jobapi.record import fields, parse
 from gpulaunch.jobapi.view import JobState, JobView, bus_label
-from gpulaunch.model import Goodput, JobProgress, JobReport, RankProgress
+from gpulaunch.model import AttemptPhases, Goodput, JobProgress, JobReport, RankProgress
 from gpulaunch.parts import Controls, Part
 from gpulaunch.report import headline
 
@@ -338,8 +338,10 @@ class FileRecorder(Part):
         cgroup: Path | None = None,
         keeper: int | None = None,
         goodput: Callable[[], Goodput | None] = lambda: None,
+        phases: Callable[[], tuple[AttemptPhases, ...]] = tuple,
     ) -> None:
         self._goodput = goodput  # the job's so far (progress/timeline.py), at each write
+        self._phases = phases  # where each attempt's start went so far (idem)
         self._warn = warn
         self._base = base
         self._cgroup = cgroup  # the direct supervisor's job cgroup (jobapi/leftovers.py)
@@ -356,7 +358,7 @@ class FileRecorder(Part):
 
     def changed(self, job: JobProgress, rank: RankProgress | None) -> None:
         if rank is None:  # the job's phase: running, stopping
-            view = JobView.of_progress(job, goodput=self._goodput())
+            view = JobView.of_progress(job, goodput=self._goodput(), phases=self._phases())
             self._write(view, f"job {job.spec.job} {job.phase.value}")
 
     async def finished(self, job: JobProgress, report: JobReport) -> None:

@@ -17,7 +17,7 @@ RANK_EXITED_SIGNATURE = "isiibi"
 FINISHED_SIGNATURE = "sisia" + RANK_SIGNATURE
 
 # Properties read on demand and never in PropertiesChanged (EmitsChangedSignal=false).
-UNANNOUNCED = frozenset({"LastOutput", "Steps", "Goodput"})
+UNANNOUNCED = frozenset({"LastOutput", "Steps", "Goodput", "Phases"})
 
 STANDARD_INTERFACES = """\
   <interface name="org.freedesktop.DBus.Peer">

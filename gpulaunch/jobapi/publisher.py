@@ -70,7 +70,7 @@ from gpulaunch.jobapi.interface import (
 )
 from gpulaunch.jobapi.rankview import RankView
 from gpulaunch.jobapi.view import INTERFACE, JobView, bus_name, bus_title, object_path
-from gpulaunch.model import Goodput, JobProgress, JobReport, Manager, RankProgress
+from gpulaunch.model import AttemptPhases, Goodput, JobProgress, JobReport, Manager, RankProgress
 from gpulaunch.parts import Controls, Part
 
 INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
@@ -101,8 +101,10 @@ class JobPublisher(Part):
         last_output: Callable[[int], float | None] | None = None,
         optional: bool = False,
         goodput: Callable[[], Goodput | None] | None = None,
+        phases: Callable[[], tuple[AttemptPhases, ...]] = tuple,
     ) -> None:
         self._goodput = goodput or (lambda: None)  # the job's so far (progress/timeline.py)
+        self._phases = phases  # where each attempt's start went so far (progress/timeline.py)
         self._last_output = last_output or (lambda rank: None)
         self._warn = warn or (lambda text: print(f"gpulaunch: warning: {text}", file=sys.stderr))
         # Signal(): the watcher's notice to its ranks (signal, global rank or None: all),
@@ -307,7 +309,7 @@ class JobPublisher(Part):
 
     def _view(self) -> JobView:
         assert self._job is not None
-        view = JobView.of_progress(self._job, self._report, self._goodput())
+        view = JobView.of_progress(self._job, self._report, self._goodput(), self._phases())
         # Read when asked, never announced: it changes with every line (docs/dbus.md).
         stamps = (self._last_output(r.rank) for r in self._job.ranks)
         return replace(view, last_output=tuple(int((t or 0) * 1e6) for t in stamps))

@@ -33,6 +33,7 @@ from gpulaunch.jobapi.rankview import RankView, ranks_json
 from gpulaunch.jobapi.view import JobState, JobView, bus_title
 from gpulaunch.jobapi.wire import node_from_wire, node_wire
 from gpulaunch.model import (
+    AttemptPhases,
     Carried,
     Cause,
     Goodput,
@@ -98,6 +99,8 @@ def fields(view: JobView, message: str) -> list[tuple[str, str]]:
         out.append((_PREFIX + "GPU_USE", json.dumps(view.gpu_use.to_dict())))
     if view.goodput is not None:  # ETTR and what failures cost (docs/progress.md, "Goodput")
         out.append((_PREFIX + "GOODPUT", json.dumps(view.goodput.to_dict())))
+    if view.phases:  # where each attempt's start went (docs/recovery.md, "Where the time goes")
+        out.append((_PREFIX + "PHASES", json.dumps([p.to_dict() for p in view.phases])))
     if view.rounds:  # the attempts of a multi-node job before its last, with their causes
         out.append((_PREFIX + "ROUNDS", json.dumps([r.to_dict() for r in view.rounds])))
     if view.carried is not None:  # a Slurm job's: its next run continues from it
@@ -198,6 +201,10 @@ def parse(entry: Mapping[str, Any]) -> JobView:
             ended_at=_int(entry, "__REALTIME_TIMESTAMP", 0),
             gpu_use=_gpu_use(entry),
             goodput=_goodput(entry),
+            phases=tuple(
+                AttemptPhases.from_dict(p)
+                for p in json.loads(_text(entry.get(_PREFIX + "PHASES")) or "[]")
+            ),
             rounds=tuple(
                 RoundEnd.from_dict(r)
                 for r in json.loads(_text(entry.get(_PREFIX + "ROUNDS")) or "[]")

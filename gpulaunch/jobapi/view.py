@@ -36,12 +36,16 @@ from gpulaunch.jobapi.rankview import ranks_json as ranks_json
 from gpulaunch.jobapi.wire import (
     GOODPUT_SIGNATURE,
     NODE_SIGNATURE,
+    PHASES_SIGNATURE,
     goodput_from_wire,
     goodput_wire,
     node_from_wire,
     node_wire,
+    phases_from_wire,
+    phases_wire,
 )
 from gpulaunch.model import (
+    AttemptPhases,
     Carried,
     Cause,
     Goodput,
@@ -160,6 +164,7 @@ class JobView:
     carried: Carried | None = None  # a Slurm job's: what a requeued run continues (the end)
     from_record: bool = False  # read from a record file (filerecord.py), not the bus
     goodput: Goodput | None = None  # ETTR and what failures cost (None: no steps reported)
+    phases: tuple[AttemptPhases, ...] = ()  # where each attempt's start went (so far)
 
     @property
     def layout(self) -> Layout | None:
@@ -219,6 +224,7 @@ class JobView:
             "gpu_use": None if self.gpu_use is None else self.gpu_use.to_dict(),
             "rounds": [r.to_dict() for r in self.rounds],
             "goodput": None if self.goodput is None else self.goodput.to_dict(),
+            "phases": [p.to_dict() for p in self.phases],
             "slurm_runs": None if self.carried is None else self.carried.to_dict(),
         }
 
@@ -254,13 +260,19 @@ class JobView:
             rounds=self.rounds,
             goodput=self.goodput,
             carried=self.carried,
+            phases=self.phases,
         )
 
     @classmethod
     def of_progress(
-        cls, job: JobProgress, report: JobReport | None = None, goodput: Goodput | None = None
+        cls,
+        job: JobProgress,
+        report: JobReport | None = None,
+        goodput: Goodput | None = None,
+        phases: tuple[AttemptPhases, ...] = (),
     ) -> JobView:
-        """The live view of a running job (`goodput`: so far); with `report`, the final one."""
+        """The live view of a running job (`goodput`, `phases`: so far); with `report`, the
+        final one."""
         spec = job.spec
         if report is not None:
             state = JobState.of_report(report)
@@ -300,6 +312,7 @@ class JobView:
             gpu_use=None if report is None else report.gpu_use,
             rounds=() if report is None else report.rounds,
             goodput=goodput if report is None else report.goodput,
+            phases=phases if report is None else report.phases,
             carried=job.carried if report is None else report.carried,
         )
 
@@ -336,6 +349,7 @@ class JobView:
             "Stragglers": ("ai", [r.rank for r in self.ranks if r.steps and r.steps.straggler]),
             "InterruptedBy": ("s", self.interrupted_by),
             "Goodput": (GOODPUT_SIGNATURE, goodput_wire(self.goodput)),
+            "Phases": (PHASES_SIGNATURE, phases_wire(self.phases)),
         }
 
     @classmethod
@@ -362,4 +376,5 @@ class JobView:
             last_output=tuple(int(t) for t in props.get("LastOutput", ())),
             interrupted_by=str(props.get("InterruptedBy", "")),
             goodput=goodput_from_wire(props.get("Goodput")),
+            phases=phases_from_wire(props.get("Phases")),
         )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpulaunch.base.protocol import NodeInfo
-from gpulaunch.model import Goodput, Loss
+from gpulaunch.model import AttemptPhases, Goodput, Loss
 
 # known (false: no rank reported a step), wall, productive and startup seconds, whether a
 # checkpoint was reported, each failure: attempt, redone, detection, stop, restart (-1: none)
@@ -37,6 +37,22 @@ def goodput_from_wire(wire: Sequence[Any] | None) -> Goodput | None:
             Loss(int(a), float(r), float(d), float(s), None if t < 0 else float(t))
             for a, r, d, s, t in losses
         ),
+    )
+
+
+# each attempt: attempt (0: the first), since ("failure" or "start"), each phase seen:
+# its name and seconds since then (docs/recovery.md, "Where the time goes")
+PHASES_SIGNATURE = "a(isa(sd))"
+
+
+def phases_wire(phases: Sequence[AttemptPhases]) -> list[Any]:
+    return [[p.attempt, p.since, [[n, v] for n, v in p.phases]] for p in phases]
+
+
+def phases_from_wire(wire: Sequence[Any] | None) -> tuple[AttemptPhases, ...]:
+    return tuple(
+        AttemptPhases(int(a), str(since), tuple((str(n), float(v)) for n, v in phases))
+        for a, since, phases in wire or ()
     )
 
 

@@ -151,6 +151,8 @@ class Output:
         self._last_line: dict[int, float] = {}  # rank -> time.time() of its last complete line
         self.last_data_at = 0.0  # time.monotonic() of the last output of any rank (--hang-timeout)
         self.spool: LineKeeper | None = None  # a detached job without journald keeps its lines here
+        # told of each chunk of complete lines of a rank (its first line: progress/timeline.py)
+        self.on_line: Callable[[int], None] | None = None
         # The rank that reads the terminal (watcher/terminal.py): its line so far is shown at
         # once (a prompt waits for input without a newline); `_open`: the stream whose shown
         # line the cursor still ends, until a typed line (its echo) or other output ends it.
@@ -292,6 +294,8 @@ class Output:
             if stream is Stream.STDERR and TRACEBACK in chunk:
                 buf.raised_at = self.last_data_at
             self._last_line[rank] = time.time()
+            if self.on_line is not None:
+                self.on_line(rank)
             if self.spool is not None:
                 self.spool.lines(rank, stream is Stream.STDERR, lines)
             self._lines(rank, stream, lines, shown)

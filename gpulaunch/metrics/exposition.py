@@ -26,12 +26,14 @@ class Kind(enum.StrEnum):
     COUNTER = "counter"
     STATESET = "stateset"  # one sample per state: 1 for the current one, 0 for the others
     INFO = "info"  # one sample of value 1 whose labels are the information
+    HISTOGRAM = "histogram"  # samples `_bucket` (cumulative, label `le`), `_count`, `_sum`
 
 
 @dataclass(frozen=True)
 class Sample:
     labels: Labels
     value: float
+    suffix: str = ""  # a histogram's: "_bucket", "_count" or "_sum"
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def openmetrics(families: Sequence[Family]) -> str:
         if f.unit:
             lines.append(f"# UNIT {f.name} {f.unit}")
         lines.append(f"# HELP {f.name} {_escape(f.help)}")
-        lines += [_line(f.sample_name(), s.labels, s.value) for s in f.samples]
+        lines += [_line(f.sample_name() + s.suffix, s.labels, s.value) for s in f.samples]
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
@@ -87,8 +89,8 @@ def prometheus_text(families: Sequence[Family]) -> str:
     lines: list[str] = []
     for f in families:
         name = f.sample_name()
-        kind = "counter" if f.kind is Kind.COUNTER else "gauge"
+        kind = f.kind.value if f.kind in (Kind.COUNTER, Kind.HISTOGRAM) else "gauge"
         help_text = f.help.replace("\\", "\\\\").replace("\n", "\\n")
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-        lines += [_line(name, s.labels, s.value) for s in f.samples]
+        lines += [_line(name + s.suffix, s.labels, s.value) for s in f.samples]
     return "\n".join(lines) + "\n"

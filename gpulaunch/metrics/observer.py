@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gpulaunch.metrics.exposition import OPENMETRICS_TYPE, TEXT_TYPE, openmetrics, prometheus_text
 from gpulaunch.metrics.options import MetricsOptions
@@ -19,7 +19,7 @@ from gpulaunch.metrics.series import families
 from gpulaunch.metrics.server import MetricsServer, bind, bound_address
 from gpulaunch.metrics.textfile import TextFile
 from gpulaunch.metrics.usage import UsageReader
-from gpulaunch.model import Goodput, JobProgress, JobReport, RankProgress
+from gpulaunch.model import AttemptPhases, Goodput, JobProgress, JobReport, RankProgress
 from gpulaunch.parts import Controls, Part
 from gpulaunch.resources.nvml import Gpus, open_gpus
 
@@ -30,12 +30,13 @@ def metrics_observers(
     options: MetricsOptions | None,
     say: Callable[[str], None],
     goodput: Callable[[], Goodput | None] = lambda: None,
+    phases: Callable[[], Sequence[AttemptPhases]] = tuple,
 ) -> tuple[MetricsObserver, ...]:
     """The metrics observer where a metrics option was given, else nothing at all;
-    `goodput`: the job's so far (progress/timeline.py)."""
+    `goodput`, `phases`: the job's so far (progress/timeline.py)."""
     if options is None or not options.wanted:
         return ()
-    return (MetricsObserver(options, say, goodput=goodput),)
+    return (MetricsObserver(options, say, goodput=goodput, phases=phases),)
 
 
 class MetricsObserver(Part):
@@ -49,9 +50,11 @@ class MetricsObserver(Part):
         clock: Callable[[], float] = time.monotonic,
         gpus: Gpus | str | None = None,
         goodput: Callable[[], Goodput | None] = lambda: None,
+        phases: Callable[[], Sequence[AttemptPhases]] = tuple,
     ) -> None:
         self.options = options
         self.goodput = goodput
+        self.phases = phases
         self.say = say
         self.node = node or socket.gethostname()
         self.clock = clock
@@ -111,7 +114,7 @@ class MetricsObserver(Part):
         """The job's metrics now, in either format."""
         assert self.job is not None and self.usage is not None
         uses = self.usage.read(self.job.ranks, self.job.watcher_pid)
-        found = families(self.job, uses, self.node, self.clock(), self.goodput())
+        found = families(self.job, uses, self.node, self.clock(), self.goodput(), self.phases())
         return openmetrics(found) if open_metrics else prometheus_text(found)
 
     def render(self, open_metrics: bool) -> tuple[bytes, str]:

@@ -8,12 +8,22 @@ NVML, a rank that reports no steps) has no series, never a 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpulaunch.metrics.exposition import Family, Kind, Labels, Sample
 from gpulaunch.metrics.usage import RankUse
-from gpulaunch.model import Goodput, JobProgress, Phase, RankProgress, RankSpec, RankState, StepInfo
+from gpulaunch.model import (
+    PHASES,
+    AttemptPhases,
+    Goodput,
+    JobProgress,
+    Phase,
+    RankProgress,
+    RankSpec,
+    RankState,
+    StepInfo,
+)
 
 
 @dataclass(frozen=True)
@@ -142,9 +152,11 @@ def families(
     node: str,
     now: float,
     goodput: Goodput | None = None,
+    phases: Sequence[AttemptPhases] = (),
 ) -> list[Family]:
     """The job's families at `now` (CLOCK_MONOTONIC, as `StepInfo.at`); `goodput`: the
-    job's so far (None: no rank reported a step: no goodput series)."""
+    job's so far (None: no rank reported a step: no goodput series); `phases`: where each
+    attempt's start went so far (progress/phases.py)."""
     base: Labels = (("job", job.spec.job), ("node", node))
     out = [
         Family(
@@ -180,6 +192,7 @@ def families(
     ]
     if goodput is not None:
         out += _goodput_families(base, goodput)
+    out += _phase_families(base, phases)
     states = [
         s
         for r in job.ranks
@@ -242,6 +255,52 @@ def _goodput_families(base: Labels, goodput: Goodput) -> list[Family]:
             (Sample(base, len(goodput.losses)),),
         ),
     ]
+
+
+# The restart phase histogram's buckets (seconds since the failure seen); +Inf is added.
+PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _phase_families(base: Labels, phases: Sequence[AttemptPhases]) -> list[Family]:
+    """The first attempt's phases (a gauge each) and the restarts' (a histogram per phase),
+    docs/recovery.md, "Where the time goes"."""
+    out = []
+    first = [p for p in phases if p.since == "start"]
+    if first:
+        out.append(
+            Family(
+                "gpulaunch_start_phase_seconds",
+                Kind.GAUGE,
+                "the first attempt's phases: seconds from the start line to each",
+                tuple(Sample((*base, ("phase", n)), v) for n, v in first[0].phases),
+                "seconds",
+            )
+        )
+    restarts = [p for p in phases if p.since == "failure"]
+    samples: list[Sample] = []
+    for name in PHASES:
+        values = [v for p in restarts for n, v in p.phases if n == name]
+        if not values:
+            continue  # never seen: no series, never a 0
+        labels = (*base, ("phase", name))
+        for le in PHASE_BUCKETS:
+            samples.append(
+                Sample((*labels, ("le", str(le))), sum(v <= le for v in values), "_bucket")
+            )
+        samples.append(Sample((*labels, ("le", "+Inf")), len(values), "_bucket"))
+        samples.append(Sample(labels, len(values), "_count"))
+        samples.append(Sample(labels, sum(values), "_sum"))
+    if samples:
+        out.append(
+            Family(
+                "gpulaunch_restart_phase_seconds",
+                Kind.HISTOGRAM,
+                "each restart's phases: seconds from the failure seen to each",
+                tuple(samples),
+                "seconds",
+            )
+        )
+    return out
 
 
 # A rank's GPU series carry its GPU as dcgm-exporter labels it (`gpu`: the index, `UUID`),

@@ -24,7 +24,9 @@ the modules of this folder, which this one never imports:
 - `stragglers.py`: which ranks are stragglers, `journal.py`: their journal entries;
 - `options.py`: `start --straggler-factor/--straggler-steps`;
 - `goodput.py`: the job's goodput (ETTR) and the time each failure cost, from its timeline
-  (pure); `timeline.py`: the job `Part` that keeps that timeline (docs/progress.md).
+  (pure); `timeline.py`: the job `Part` that keeps that timeline (docs/progress.md);
+  `phases.py`: where each attempt's start went, from that timeline (pure;
+  docs/recovery.md, "Where the time goes").
 """
 
 from __future__ import annotations

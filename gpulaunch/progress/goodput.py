@@ -40,6 +40,13 @@ class AttemptTimes:
     checkpoint: float | None = None  # its last checkpoint notice, any rank's
     failed: float | None = None  # the failure seen (a rank failed, or the gang stop began)
     stopped: float | None = None  # its last rank ended
+    # where its start went (phases.py): every rank forked, every rank's first output line,
+    # every rank's first step report
+    round_opened: float | None = None  # several nodes: this node joined its round
+    round_closed: float | None = None  # several nodes: its round settled
+    forked: float | None = None
+    first_line: float | None = None
+    all_stepped: float | None = None
 
 
 def goodput(

@@ -180,6 +180,8 @@ class Watcher(EventLoop):
         return True
 
     def _next_round(self, nodes: OtherNodes) -> bool:
+        if nodes.next not in (None, Next.END):  # (a part times it: progress/phases.py)
+            self.parts.round_opened()
         try:
             new = next_round(nodes, self.spec, self.wakeup_fd, self.output.message)
         except Interrupted as exc:
@@ -189,6 +191,7 @@ class Watcher(EventLoop):
             self.start_error = exc
             return False
         if new is not None:
+            self.parts.round_closed()
             self.spec, self.attempt = new.spec, new.attempt
             self.new_attempt(new.units)
         return new is not None

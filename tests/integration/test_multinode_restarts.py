@@ -121,6 +121,8 @@ def test_a_rank_failure_on_node_2_restarts_every_node(mjob: MultiJob, backend: s
             assert done in e.stdout, e.stdout
         assert cause in e.stderr, e.stderr
         assert "restarting the ranks of every node (restart 1 of 1)" in e.stderr
+        # where the restart's time went: the round between the stop and the fork (phases.py)
+        assert "RESTART  RANKS STOPPED  ROUND OPENED  ROUND CLOSED  RANKS FORKED" in e.stderr
         assert mjob.leftovers(e.node) == []
     for rank in range(NNODES * NPROC):  # the second attempt's environment, on every node
         env = mjob.env(rank)
