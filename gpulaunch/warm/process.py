@@ -21,7 +21,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpulaunch.base.procs import HeldChild, fork_held
+from gpulaunch.base.procs import HeldChild, spawn_held
 from gpulaunch.linux import set_subreaper
 from gpulaunch.warm.fit import differs, python_command, warm_environment
 
@@ -68,7 +68,9 @@ class WarmProcess:
         devnull = os.open(os.devnull, os.O_RDWR)
         try:
             argv = [self.python, "-u", str(SERVER), self.job, ",".join(self.modules), "." * ROOM]
-            self._child = _spawn(argv, self.env, {0: devnull, 1: devnull, 2: 2, 3: theirs.fileno()})
+            fds = {0: devnull, 1: devnull, 2: 2, 3: theirs.fileno()}
+            # SIGKILLed by the kernel if the watcher dies
+            self._child = spawn_held(argv, self.env, fds, death_signal=signal.SIGKILL)
         finally:
             os.close(devnull)
             theirs.close()
@@ -172,20 +174,3 @@ class WarmProcess:
         if line not in self._said:
             self._said.add(line)
             self.say(line)
-
-
-def _spawn(argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, int]) -> HeldChild:
-    """The warm process, exec'd at once; SIGKILLed by the kernel if the watcher dies."""
-    env_bytes = {
-        k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
-        for k, v in env.items()
-    }
-    args = list(argv)
-
-    def execute() -> None:  # pragma: no cover - in the child
-        try:
-            os.execve(args[0], args, env_bytes)
-        except OSError as exc:
-            os.write(2, f"gpulaunch: cannot execute {args[0]}: {exc.strerror}\n".encode())
-
-    return fork_held(execute, fds, death_signal=signal.SIGKILL)
