@@ -25,7 +25,7 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.logs.terminal import Terminal
-from gpulaunch.model import JobSpec, Manager, RankSpec
+from gpulaunch.model import JobSpec, Manager, RankExit, RankProgress, RankSpec, RankState, StepInfo
 from gpulaunch.plan.gpus import Gpu
 from gpulaunch.plan.spec import StartOptions
 from gpulaunch.plan.topology import CpuTopology
@@ -389,3 +389,25 @@ def record_view(state: JobState, pid: int | None = None, job: str = "j") -> JobV
         ranks=(rank,), status=0 if state.ended else -1,
         cause="succeeded" if state.ended else "",
     )  # fmt: skip
+
+
+class Clock:
+    """A clock the test sets (`clock.t = 2.0`)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def progress_rank(n: int, steps: StepInfo | None, ended: RankExit | None = None) -> RankProgress:
+    """Rank n as a JobProgress snapshot holds it: running, or ended as `ended` says."""
+    state = RankState.RUNNING
+    if ended is not None:
+        state = RankState.STOPPED if ended.stopped_by_watcher else RankState.EXITED
+    return RankProgress(n, n, f"r{n}", state, 100 + n, False, ended, steps)
+
+
+def rank_exit(code: int, at: float, stopped: bool = False) -> RankExit:
+    return RankExit(code=code, signal=None, stopped_by_watcher=stopped, observed_at=at, runtime=1)

@@ -24,9 +24,7 @@ from gpulaunch.model import (
     JobReport,
     Loss,
     Phase,
-    RankExit,
     RankProgress,
-    RankState,
     StepInfo,
 )
 from gpulaunch.parts import Controls
@@ -35,7 +33,7 @@ from gpulaunch.progress.protocol import parse as parse_notice
 from gpulaunch.progress.timeline import Timeline
 from gpulaunch.progress.tracker import StepTracker
 from gpulaunch.report import NO_STEPS, format_report, goodput_lines
-from tests.unit.fakes import job_view, make_job
+from tests.unit.fakes import Clock, job_view, make_job, progress_rank, rank_exit
 
 # -- the computation -------------------------------------------------------------------
 
@@ -137,28 +135,9 @@ def test_a_tracker_keeps_its_first_step_and_last_checkpoint() -> None:
 # -- the Part, on a fake clock -----------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def _steps(first: float, at: float, saved: float | None = None) -> StepInfo:
     known = None if saved is None else 1
     return StepInfo(1, None, at, None, None, first_at=first, checkpoint=known, checkpoint_at=saved)
-
-
-def _rank(n: int, steps: StepInfo | None, ended: RankExit | None = None) -> RankProgress:
-    state = RankState.RUNNING
-    if ended is not None:
-        state = RankState.STOPPED if ended.stopped_by_watcher else RankState.EXITED
-    return RankProgress(n, n, f"r{n}", state, 100 + n, False, ended, steps)
-
-
-def _exit(code: int, at: float, stopped: bool = False) -> RankExit:
-    return RankExit(code=code, signal=None, stopped_by_watcher=stopped, observed_at=at, runtime=1)
 
 
 def test_the_timeline_follows_snapshots_through_a_restart() -> None:
@@ -178,24 +157,34 @@ def test_the_timeline_follows_snapshots_through_a_restart() -> None:
     part.before_attempt(0)
     assert part.now() is None  # nothing stepped yet: no number
     clock.t = 20.0
-    snap(0, Phase.RUNNING, _rank(0, _steps(5.0, 19.0, 15.0)), _rank(1, _steps(5.5, 19.5)))
+    snap(
+        0,
+        Phase.RUNNING,
+        progress_rank(0, _steps(5.0, 19.0, 15.0)),
+        progress_rank(1, _steps(5.5, 19.5)),
+    )
     running = part.now()
     assert running is not None and running.wall == 19.0 and running.productive == 14.5
     # rank 1 fails at 21, rank 0 is stopped, gone at 22
-    saved, failed = _rank(0, _steps(5.0, 19.0, 15.0)), _rank(1, _steps(5.5, 19.5), _exit(1, 21.0))
+    saved, failed = (
+        progress_rank(0, _steps(5.0, 19.0, 15.0)),
+        progress_rank(1, _steps(5.5, 19.5), rank_exit(1, 21.0)),
+    )
     snap(0, Phase.STOPPING, saved, failed)
     clock.t = 22.0
     snap(
         0,
         Phase.STOPPING,
-        _rank(0, _steps(5.0, 19.0, 15.0), _exit(143, 22.0, stopped=True)),
-        _rank(1, _steps(5.5, 19.5), _exit(1, 21.0)),
+        progress_rank(0, _steps(5.0, 19.0, 15.0), rank_exit(143, 22.0, stopped=True)),
+        progress_rank(1, _steps(5.5, 19.5), rank_exit(1, 21.0)),
     )
     clock.t = 23.0
-    snap(1, Phase.STARTING, _rank(0, None), _rank(1, None))
+    snap(1, Phase.STARTING, progress_rank(0, None), progress_rank(1, None))
     part.before_attempt(1)
     clock.t = 40.0
-    snap(1, Phase.RUNNING, _rank(0, _steps(30.0, 39.0)), _rank(1, _steps(30.0, 39.5)))
+    snap(
+        1, Phase.RUNNING, progress_rank(0, _steps(30.0, 39.0)), progress_rank(1, _steps(30.0, 39.5))
+    )
     clock.t = 41.0
     report = part.complete(JobReport("t", 0, Cause.SUCCEEDED, None, None, restarts=1))
     g = report.goodput

@@ -21,7 +21,6 @@ from gpulaunch.model import (
     Phase,
     RankExit,
     RankProgress,
-    RankState,
     StepInfo,
 )
 from gpulaunch.parts import Controls
@@ -29,27 +28,12 @@ from gpulaunch.progress.goodput import AttemptTimes
 from gpulaunch.progress.phases import attempt_phases
 from gpulaunch.progress.timeline import Timeline
 from gpulaunch.report import format_report, phase_lines
-from tests.unit.fakes import job_view, make_job
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.unit.fakes import Clock, job_view, make_job, progress_rank, rank_exit
 
 
 def _rank(n: int, first: float | None = None, ended: RankExit | None = None) -> RankProgress:
     steps = None if first is None else StepInfo(1, None, first, None, None, first_at=first)
-    state = RankState.RUNNING
-    if ended is not None:
-        state = RankState.STOPPED if ended.stopped_by_watcher else RankState.EXITED
-    return RankProgress(n, n, f"r{n}", state, 100 + n, False, ended, steps)
-
-
-def _exit(code: int, at: float, stopped: bool = False) -> RankExit:
-    return RankExit(code=code, signal=None, stopped_by_watcher=stopped, observed_at=at, runtime=1)
+    return progress_rank(n, steps, ended)
 
 
 def test_the_timeline_times_each_phase_of_the_first_attempt_and_of_a_restart() -> None:
@@ -83,9 +67,14 @@ def test_the_timeline_times_each_phase_of_the_first_attempt_and_of_a_restart() -
         ),
     )
     # rank 1 fails at 20 (seen), rank 0 is stopped, gone at 21
-    snap(0, Phase.STOPPING, _rank(0, 13.0), _rank(1, 14.0, _exit(1, 20.0)))
+    snap(0, Phase.STOPPING, _rank(0, 13.0), _rank(1, 14.0, rank_exit(1, 20.0)))
     clock.t = 21.0
-    snap(0, Phase.STOPPING, _rank(0, 13.0, _exit(143, 21.0, True)), _rank(1, 14.0, _exit(1, 20.0)))
+    snap(
+        0,
+        Phase.STOPPING,
+        _rank(0, 13.0, rank_exit(143, 21.0, True)),
+        _rank(1, 14.0, rank_exit(1, 20.0)),
+    )
     clock.t = 21.5
     snap(1, Phase.STARTING, _rank(0), _rank(1))
     part.before_attempt(1)
@@ -192,7 +181,7 @@ def test_several_nodes_time_the_round_between_the_stop_and_the_fork() -> None:
     clock.t = 5.0
     snap(0, Phase.STOPPING, _rank(0))  # another node failed: the gang stop began
     clock.t = 5.5
-    snap(0, Phase.STOPPING, _rank(0, ended=_exit(143, 5.5, True)))
+    snap(0, Phase.STOPPING, _rank(0, ended=rank_exit(143, 5.5, True)))
     part.round_opened()  # this node joins the next round
     clock.t = 7.0
     part.round_closed()  # every node met
