@@ -103,12 +103,14 @@ def test_restart_then_success(wakeup: tuple[int, socket.socket], tmp_path: Path)
     assert said == ["gpulaunch: rank 0 exit 4; restarting all ranks (restart 1 of 2)"]
 
 
-def send_when(path: Path, sock: socket.socket, signum: int) -> threading.Thread:
-    """SIGTERM to the watcher (its wakeup socket) once `path` exists: the ranks run."""
+def send_when(path: Path | list[Path], sock: socket.socket, signum: int) -> threading.Thread:
+    """SIGTERM to the watcher (its wakeup socket) once `path` (every path) exists: the
+    ranks run (and have set their traps)."""
+    paths = path if isinstance(path, list) else [path]
 
     def wait() -> None:
         deadline = time.monotonic() + 30
-        while not path.exists() and time.monotonic() < deadline:
+        while not all(p.exists() for p in paths) and time.monotonic() < deadline:
             time.sleep(0.02)
         sock.send(bytes([signum]))
 
@@ -131,7 +133,8 @@ def test_preemption_gives_the_ranks_their_grace(
 ) -> None:
     scripts = [sh(CHECKPOINT.format(dir=tmp_path, rank=i)) for i in (0, 1)]
     opts = RecoveryOptions(preempt=PreemptPolicy(grace=15.0))
-    send_when(tmp_path / "ready.1", wakeup[1], signal.SIGTERM)
+    # both traps set: a rank still starting under load would die of the SIGTERM unsaved
+    send_when([tmp_path / "ready.0", tmp_path / "ready.1"], wakeup[1], signal.SIGTERM)
     before = time.time()
     report, said = run(scripts, wakeup, tmp_path, 3, opts)
     assert (report.status, report.cause, report.restarts) == (PREEMPTED_STATUS, Cause.PREEMPTED, 0)
