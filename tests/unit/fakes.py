@@ -5,10 +5,11 @@ from one another.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpulaunch.base.names import UnitNames
@@ -25,10 +26,22 @@ from gpulaunch.jobapi.view import (
 )
 from gpulaunch.logs.output import Output, OutputOptions
 from gpulaunch.logs.terminal import Terminal
-from gpulaunch.model import JobSpec, Manager, RankExit, RankProgress, RankSpec, RankState, StepInfo
+from gpulaunch.model import (
+    JobProgress,
+    JobSpec,
+    Manager,
+    Phase,
+    RankExit,
+    RankProgress,
+    RankSpec,
+    RankState,
+    StepInfo,
+)
+from gpulaunch.parts import Controls
 from gpulaunch.plan.gpus import Gpu
 from gpulaunch.plan.spec import StartOptions
 from gpulaunch.plan.topology import CpuTopology
+from gpulaunch.progress.timeline import Timeline
 from gpulaunch.supervisor.systemd_api import (
     JobDone,
     JobEvent,
@@ -411,3 +424,17 @@ def progress_rank(n: int, steps: StepInfo | None, ended: RankExit | None = None)
 
 def rank_exit(code: int, at: float, stopped: bool = False) -> RankExit:
     return RankExit(code=code, signal=None, stopped_by_watcher=stopped, observed_at=at, runtime=1)
+
+
+def attached_timeline(spec: JobSpec, clock: Clock) -> tuple[Timeline, Callable[..., None]]:
+    """A goodput Timeline attached as the watcher attaches a Part, and `snap(attempt, phase,
+    *ranks)`: the watcher's JobProgress snapshot handed to its `changed`."""
+    part = Timeline(clock)
+
+    def snap(attempt: int, phase: Phase, *ranks: RankProgress) -> None:
+        part.changed(JobProgress(spec, phase, ranks, attempt, 1), None)
+
+    loop = asyncio.new_event_loop()
+    part.attach(JobProgress(spec, Phase.STARTING, (), 0, 1), Controls(lambda: None), loop)
+    loop.close()
+    return part, snap

@@ -4,7 +4,6 @@ the timeline from the watcher's snapshots on a fake clock, and where the result 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 from dataclasses import replace
@@ -24,16 +23,13 @@ from gpulaunch.model import (
     JobReport,
     Loss,
     Phase,
-    RankProgress,
     StepInfo,
 )
-from gpulaunch.parts import Controls
 from gpulaunch.progress.goodput import AttemptTimes, goodput
 from gpulaunch.progress.protocol import parse as parse_notice
-from gpulaunch.progress.timeline import Timeline
 from gpulaunch.progress.tracker import StepTracker
 from gpulaunch.report import NO_STEPS, format_report, goodput_lines
-from tests.unit.fakes import Clock, job_view, make_job, progress_rank, rank_exit
+from tests.unit.fakes import Clock, attached_timeline, job_view, make_job, progress_rank, rank_exit
 
 # -- the computation -------------------------------------------------------------------
 
@@ -143,14 +139,7 @@ def _steps(first: float, at: float, saved: float | None = None) -> StepInfo:
 def test_the_timeline_follows_snapshots_through_a_restart() -> None:
     spec, _ = make_job([["true"], ["true"]], max_restarts=1)
     clock = Clock()
-    part = Timeline(clock)
-
-    def snap(attempt: int, phase: Phase, *ranks: RankProgress) -> None:
-        part.changed(JobProgress(spec, phase, ranks, attempt, 1), None)
-
-    loop = asyncio.new_event_loop()
-    part.attach(JobProgress(spec, Phase.STARTING, (), 0, 1), Controls(lambda: None), loop)
-    loop.close()
+    part, snap = attached_timeline(spec, clock)
     clock.t = 1.0
     part.created()  # the start line
     clock.t = 2.0

@@ -3,7 +3,6 @@ timeline on a fake clock, and where they are shown (record, JSON, bus, metrics, 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import replace
 
@@ -23,12 +22,11 @@ from gpulaunch.model import (
     RankProgress,
     StepInfo,
 )
-from gpulaunch.parts import Controls
 from gpulaunch.progress.goodput import AttemptTimes
 from gpulaunch.progress.phases import attempt_phases
 from gpulaunch.progress.timeline import Timeline
 from gpulaunch.report import format_report, phase_lines
-from tests.unit.fakes import Clock, job_view, make_job, progress_rank, rank_exit
+from tests.unit.fakes import Clock, attached_timeline, job_view, make_job, progress_rank, rank_exit
 
 
 def _rank(n: int, first: float | None = None, ended: RankExit | None = None) -> RankProgress:
@@ -39,14 +37,7 @@ def _rank(n: int, first: float | None = None, ended: RankExit | None = None) -> 
 def test_the_timeline_times_each_phase_of_the_first_attempt_and_of_a_restart() -> None:
     spec, _ = make_job([["true"], ["true"]], max_restarts=1)
     clock = Clock()
-    part = Timeline(clock)
-
-    def snap(attempt: int, phase: Phase, *ranks: RankProgress) -> None:
-        part.changed(JobProgress(spec, phase, ranks, attempt, 1), None)
-
-    loop = asyncio.new_event_loop()
-    part.attach(JobProgress(spec, Phase.STARTING, (), 0, 1), Controls(lambda: None), loop)
-    loop.close()
+    part, snap = attached_timeline(spec, clock)
     clock.t = 10.0
     part.created()  # the start line
     part.line(0)  # (before any attempt: not counted)
